@@ -1,0 +1,34 @@
+# Two commands do all set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+# Override for CUDA, e.g. make setup TORCH_SPEC='torch==2.13.0' (with a CUDA index in PIP_INDEX_URL)
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev
+NP ?= 2
+ARGS ?=
+STAMP := $(VENV)/.hvdtrain-setup-ok
+BIN := $(VENV)/bin
+
+.PHONY: setup run test lint doctor clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml hvdtrain/install_horovod.py scripts/setup-env scripts/install-horovod
+	PYTHON='$(PYTHON)' VENV='$(VENV)' TORCH_SPEC='$(TORCH_SPEC)' EXTRAS='$(EXTRAS)' bash scripts/setup-env
+
+# The main job: the default config (MLP on scikit-learn's bundled digits) on NP local workers.
+run: setup
+	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) $(BIN)/python -m hvdtrain $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(ARGS)
+
+lint: setup
+	$(BIN)/ruff check hvdtrain tests
+	$(BIN)/mypy
+
+doctor: setup
+	$(BIN)/hvdtrain doctor
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from hvdtrain.cli import main
+
+sys.exit(main())

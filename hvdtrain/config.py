@@ -1,0 +1,181 @@
+"""The one training config: a typed, validated dataclass, read from YAML plus `--key value` overrides."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hvdtrain.errors import ConfigError
+
+LR_SCALINGS = ("none", "linear", "sqrt")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "mlp"              # built-in (mlp, cnn) or a plug-in 'module.path:function'
+    dataset: str = "digits"         # built-in (digits, synthetic) or a plug-in 'module.path:function'
+    epochs: int = 10                # passes over the training shard
+    max_steps: int = 0              # stop after this many optimizer steps in total; 0 = no limit
+    batch_size: int = 32            # per worker, not global
+    eval_batch_size: int = 256      # per worker, for evaluation
+    optimizer: str = "sgd"          # sgd, adam or adamw
+    lr: float = 0.05                # base LR for one worker, before scaling by the number of workers
+    lr_scaling: str = "linear"      # none, linear or sqrt of the number of workers (Goyal et al.)
+    warmup_epochs: float = 1.0      # ramp from the base LR to the scaled LR over this many epochs
+    momentum: float = 0.9           # SGD momentum; ignored by adam/adamw
+    weight_decay: float = 0.0       # L2 penalty (decoupled for adamw)
+    hidden: int = 128               # width of the built-in MLP's hidden layers
+    val_fraction: float = 0.2       # held-out share of a built-in dataset, split with `seed`
+    synthetic_samples: int = 2048   # size of the synthetic dataset
+    synthetic_shape: tuple[int, ...] = (1, 28, 28)  # per-sample input shape of the synthetic dataset
+    num_classes: int = 10           # classes of the synthetic dataset
+    seed: int = 42                  # model init, split, and shuffle order; the same on every rank
+    log_interval: int = 20          # steps between metric allreduces and progress lines
+    threads: int = 0                # torch threads per worker; 0 = cores / workers on this host
+    device: str = "auto"            # auto (CUDA pinned to local_rank when present), cpu or cuda
+    run_dir: str = "runs"           # parent folder of run directories
+    name: str = ""                  # run directory name; empty = model-dataset-timestamp
+
+    def __post_init__(self) -> None:
+        for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples",
+                    "num_classes", "log_interval"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
+        for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
+        if not self.synthetic_shape or any(d <= 0 for d in self.synthetic_shape):
+            raise ConfigError(f"synthetic_shape must be positive sizes like 1,28,28, got {self.synthetic_shape}")
+        _check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("device", self.device, DEVICES)
+        if "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"name must be a plain folder name, got {self.name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["synthetic_shape"] = list(self.synthetic_shape)
+        return data
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(choices)}; got {value!r}")
+
+
+FIELD_TYPES: dict[str, Any] = typing.get_type_hints(TrainConfig)
+
+
+def _unknown_key(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, FIELD_TYPES, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(FIELD_TYPES)})"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def coerce(key: str, value: Any) -> Any:
+    """Turn a YAML value or a command-line string into the field's type, or explain why not."""
+    kind = FIELD_TYPES[key]
+    from_cli = isinstance(value, str)
+    try:
+        if kind is bool:
+            if from_cli and value.lower() in ("true", "yes", "1", "false", "no", "0"):
+                return value.lower() in ("true", "yes", "1")
+            if isinstance(value, bool):
+                return value
+        elif kind is int:
+            if from_cli:
+                return int(value)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        elif kind is float:
+            if from_cli:
+                return float(value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        elif kind is str:
+            if from_cli or isinstance(value, str):
+                return value
+            if value is None:
+                return ""
+        else:  # tuple[int, ...]
+            items = value.split(",") if from_cli else value
+            if isinstance(items, (list, tuple)):
+                return tuple(int(item) for item in items)
+    except (TypeError, ValueError):
+        pass
+    expected = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
+        kind, "comma-separated integers like 1,28,28")
+    raise ConfigError(f"{key} must be {expected}, got {value!r}")
+
+
+def parse_overrides(args: list[str]) -> dict[str, str]:
+    """['--batch-size', '64', '--lr=0.1'] -> {'batch_size': '64', 'lr': '0.1'}."""
+    result: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or arg == "--":
+            raise ConfigError(f"expected --key value, got {arg!r}")
+        key, eq, value = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if key not in FIELD_TYPES:
+            raise _unknown_key(key)
+        if not eq:
+            if i + 1 >= len(args):
+                raise ConfigError(f"--{key} needs a value")
+            i += 1
+            value = args[i]
+        result[key] = value
+        i += 1
+    return result
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {path} does not exist (check the --config path)")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise ConfigError(f"config file {path}{where}: YAML syntax error: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of key: value, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None,
+                **values: Any) -> TrainConfig:
+    """Defaults, then the YAML file, then command-line overrides, then keyword values."""
+    merged: dict[str, Any] = {}
+    for key, value in (read_yaml(path) if path else {}).items():
+        key = str(key).replace("-", "_")
+        if key not in FIELD_TYPES:
+            raise _unknown_key(key)
+        merged[key] = coerce(key, value)
+    for key, value in parse_overrides(overrides or []).items():
+        merged[key] = coerce(key, value)
+    for key, value in values.items():
+        if key not in FIELD_TYPES:
+            raise _unknown_key(key)
+        merged[key] = coerce(key, value)
+    return TrainConfig(**merged)
+
+
+def to_yaml(config: TrainConfig) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

@@ -1,0 +1,76 @@
+"""The one module that imports horovod.torch. Everything distributed goes through here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hvdtrain.errors import UserError
+
+try:
+    import horovod.torch as hvd
+except ImportError as _err:  # doctor explains; the trainer cannot run without it
+    hvd = None
+    _IMPORT_ERROR: Exception | None = _err
+else:
+    _IMPORT_ERROR = None
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+def _require() -> Any:
+    if hvd is None:
+        raise UserError(f"Horovod is not usable here ({_IMPORT_ERROR}); run `make setup` "
+                        "or scripts/install-horovod, then `hvdtrain doctor`")
+    return hvd
+
+
+def init() -> World:
+    """Start Horovod (idempotent) and say who we are."""
+    h = _require()
+    h.init()
+    return World(h.rank(), h.size(), h.local_rank(), h.local_size())
+
+
+def shutdown() -> None:
+    if hvd is not None and hvd.is_initialized():
+        hvd.shutdown()
+
+
+def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    # Horovod: every rank starts from rank 0's weights and optimizer state.
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+
+def wrap_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> torch.optim.Optimizer:
+    # Horovod: gradients are averaged across workers as backward produces them.
+    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)
+
+
+def allreduce_sum(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name)
+
+
+def broadcast_object(obj: Any, name: str) -> Any:
+    return hvd.broadcast_object(obj, root_rank=0, name=name)
+
+
+def allgather_object(obj: Any, name: str) -> list[Any]:
+    return hvd.allgather_object(obj, name=name)
+
+
+def built_info() -> dict[str, bool]:
+    h = _require()
+    return {"mpi": h.mpi_built(), "gloo": h.gloo_built(), "nccl": bool(h.nccl_built())}
