@@ -162,12 +162,12 @@ def nccl_present() -> bool:
     return any(Path(d, "nccl.h").exists() for d in ("/usr/include", "/usr/local/cuda/include"))
 
 
-def ensure_system_tools(log: Path) -> None:
+def ensure_system_tools(log: Path, use_apt: bool = True) -> None:
     missing = missing_tools()
     if not missing:
         return
     packages = sorted({SYSTEM_TOOLS[tool] for tool in missing})
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if not use_apt or os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise InstallError(f"missing {', '.join(missing)}; install the packages "
                            f"{' '.join(packages)} (e.g. `sudo apt-get install {' '.join(packages)}`)")
     say(f"installing system packages with apt: {' '.join(packages)}")
@@ -260,7 +260,7 @@ def installed_matches(python: str, torch_version: str) -> bool:
     return run([python, "-c", code]).returncode == 0
 
 
-def install(python: str, cache_root: Path, force: bool) -> None:
+def install(python: str, cache_root: Path, force: bool, use_apt: bool = True) -> None:
     torch_version, cuda = probe_torch(python)
     nccl = bool(cuda) and nccl_present()
     py = ".".join(map(str, sys.version_info[:2]))
@@ -281,7 +281,7 @@ def install(python: str, cache_root: Path, force: bool) -> None:
         verify(python)
         say("verified: PyTorch, MPI and Gloo are built in")
         return
-    ensure_system_tools(log)
+    ensure_system_tools(log, use_apt)
     with tempfile.TemporaryDirectory(prefix="hvdtrain-horovod-") as tmp:
         src = download_sdist(python, Path(tmp), log)
         if needs_cxx17(torch_version):
@@ -301,9 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path(os.environ.get(
         "HVDTRAIN_CACHE", Path.home() / ".cache" / "hvdtrain")), help="wheel cache root")
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    parser.add_argument("--no-apt", action="store_true",
+                        help="never install system packages; stop and name the missing ones")
     args = parser.parse_args(argv)
     try:
-        install(sys.executable, args.cache_dir, args.force)
+        install(sys.executable, args.cache_dir, args.force, use_apt=not args.no_apt)
     except InstallError as err:
         print(f"install-horovod: error: {err}", file=sys.stderr)
         return 1

@@ -45,7 +45,7 @@ class RunLog:
     def finish(self, summary: dict[str, Any], model: nn.Module) -> None:
         torch.save(model.state_dict(), self.path / "model.pt")
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        self.metrics({"kind": "summary", **summary})
+        self.metrics(summary)
         self._metrics.close()
         print(f"hvdtrain: done  {summary['workers']} worker(s)  {summary['epochs_run']} epochs  "
               f"{summary['steps']} steps  val_loss {summary['val_loss']:.4f}  "

@@ -119,7 +119,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             for group in optimizer.param_groups:
                 group["lr"] = lr
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()  # torch 2.x sets grads to None (Horovod's wrapper takes no args)
             logits = model(inputs)
             loss = nn.functional.cross_entropy(logits, targets)
             loss.backward()                                # Horovod: allreduces start here
@@ -154,11 +154,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
             break
 
     wall = time.perf_counter() - train_start
-    # Horovod: proof that every replica ended with the same weights.
-    digests = dist.allgather_object(param_digest(model), name="param_digest")
-    summary = {**history[-1], "epochs_run": len(history), "steps": step, "workers": world.size,
+    # Horovod: proof that every replica took the same steps and ended with the same weights.
+    per_rank = dist.allgather_object((step, param_digest(model)), name="final_state")
+    summary = {**history[-1], "kind": "summary", "epochs_run": len(history), "steps": step, "workers": world.size,
                "samples_per_s": samples_seen / wall, "wall_time_s": wall,
-               "param_digests": digests, "run_dir": plan["path"]}
+               "rank_steps": [s for s, _ in per_rank], "param_digests": [d for _, d in per_rank],
+               "run_dir": plan["path"]}
     if log:
         log.finish(summary, model)
     return summary

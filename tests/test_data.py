@@ -1,0 +1,74 @@
+"""Tier 1: datasets and how they split across ranks, with rank and size as plain arguments."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data.distributed import DistributedSampler
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.data import build_data, check_fits, digits, eval_shard, steps_per_epoch, synthetic
+from hvdtrain.errors import UserError
+
+
+def test_digits_is_real_and_held_out_disjointly():
+    data = digits(TrainConfig())
+    assert len(data.train) + len(data.val) == 1797
+    assert len(data.val) == round(1797 * 0.2)
+    assert data.train[0][0].shape == (1, 8, 8) and data.num_classes == 10
+    train_x = {tuple(x.flatten().tolist()) for x, _ in data.train}
+    overlap = sum(tuple(x.flatten().tolist()) in train_x for x, _ in data.val)
+    assert overlap < 10  # digits has a few duplicate images; a shared split would give 359
+
+
+def test_synthetic_has_the_asked_size_and_shape_and_is_deterministic():
+    config = TrainConfig(dataset="synthetic", synthetic_samples=100, synthetic_shape=(3, 5, 5),
+                         num_classes=4, val_fraction=0.1)
+    a, b = synthetic(config), synthetic(config)
+    assert len(a.train) == 90 and len(a.val) == 10 and a.num_classes == 4
+    assert a.train[0][0].shape == (3, 5, 5)
+    assert torch.equal(a.train.tensors[0], b.train.tensors[0])
+    assert set(a.train.tensors[1].tolist()) <= set(range(4))
+
+
+@pytest.mark.parametrize("n, size", [(1001, 2), (1001, 3), (10, 4), (7, 7)])
+def test_eval_shards_cover_every_sample_exactly_once(n, size):
+    seen = sorted(i for rank in range(size) for i in eval_shard(n, rank, size))
+    assert seen == list(range(n))
+
+
+@pytest.mark.parametrize("n, size, batch", [(1001, 2, 32), (1001, 3, 32), (1001, 3, 7), (5, 2, 1)])
+def test_every_rank_runs_the_same_number_of_steps(n, size, batch):
+    """DistributedSampler pads shards to equal length, so no rank waits in a lone allreduce."""
+    counts = set()
+    for rank in range(size):
+        sampler = DistributedSampler(range(n), num_replicas=size, rank=rank, shuffle=True, seed=0)
+        counts.add(-(-len(list(sampler)) // batch))
+    assert counts == {steps_per_epoch(n, size, batch)}
+
+
+def test_dataset_smaller_than_world_is_refused():
+    check_fits(2, 2)
+    with pytest.raises(UserError, match="1 samples, fewer than the 2 workers"):
+        check_fits(1, 2)
+
+
+def test_plugin_dataset_by_import_path(tmp_path, monkeypatch):
+    (tmp_path / "mydata.py").write_text(
+        "import torch\nfrom torch.utils.data import TensorDataset\n"
+        "def build(config):\n"
+        "    x = torch.zeros(6, 3); y = torch.tensor([0, 1, 0, 1, 0, 1])\n"
+        "    return TensorDataset(x[:4], y[:4]), TensorDataset(x[4:], y[4:]), 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = build_data(TrainConfig(dataset="mydata:build"))
+    assert len(data.train) == 4 and len(data.val) == 2 and data.num_classes == 2
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("imagenet", "unknown dataset 'imagenet'; choose one of digits, synthetic or a plug-in"),
+    ("no_such_pkg.data:build", "cannot import module 'no_such_pkg.data' for --dataset"),
+    ("json:nothing_here", "module 'json' has no function 'nothing_here'"),
+])
+def test_bad_dataset_specs(spec, message):
+    with pytest.raises(UserError) as err:
+        build_data(TrainConfig(dataset=spec))
+    assert message in str(err.value)

@@ -1,0 +1,120 @@
+"""The Horovod build script: its pure parts, and its failures (each a clear message, nothing claimed)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdtrain import install_horovod as ih
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_parse_version_handles_local_and_pre_release_tags():
+    assert ih.parse_version("2.13.0+cpu") == (2, 13, 0)
+    assert ih.parse_version("2.1.0a0+git1234") == (2, 1, 0)
+    assert ih.parse_version("1.13") == (1, 13, 0)
+    with pytest.raises(ih.InstallError, match="cannot parse version"):
+        ih.parse_version("nightly")
+
+
+@pytest.mark.parametrize("torch_version, expected", [
+    ("2.0.1", False), ("1.13.1+cu117", False), ("2.1.0", True), ("2.13.0+cpu", True), ("3.0.0", True)])
+def test_cxx17_fix_needed_from_torch_2_1(torch_version, expected):
+    assert ih.needs_cxx17(torch_version) is expected
+
+
+def test_cache_key_changes_with_every_build_input():
+    base = dict(horovod="0.28.1", torch="2.13.0+cpu", python="3.11", cuda=None, nccl=False)
+    key = ih.cache_key(**base)
+    assert key == "horovod-0.28.1-torch2.13.0_cpu-py3.11-cpu"
+    variants = [dict(base, horovod="0.28.2"), dict(base, torch="2.14.1"), dict(base, python="3.12"),
+                dict(base, cuda="12.8"), dict(base, cuda="12.8", nccl=True)]
+    keys = {ih.cache_key(**variant) for variant in variants}
+    assert len(keys) == len(variants) and key not in keys
+    assert all("/" not in k for k in keys)
+
+
+@pytest.fixture(scope="module")
+def horovod_source(tmp_path_factory):
+    """The real horovod 0.28.1 sdist, downloaded with pip and unpacked."""
+    dest = tmp_path_factory.mktemp("sdist")
+    log = dest / "download.log"
+    return ih.download_sdist(sys.executable, dest, log)
+
+
+def test_cxx17_fix_applies_exactly_once_to_the_real_sources(horovod_source):
+    files = [horovod_source / rel for rel in ih.PATCHES]
+    originals = [f.read_text() for f in files]
+    assert ih.apply_cxx17_fix(horovod_source) is True
+    patched = [f.read_text() for f in files]
+    assert ih.apply_cxx17_fix(horovod_source) is False
+    assert [f.read_text() for f in files] == patched
+    for before, after in zip(originals, patched):
+        assert after.count(ih.CXX17_MARKER) == 1
+        assert after != before
+    torch_cmake = (horovod_source / "horovod/torch/CMakeLists.txt").read_text()
+    assert "set(CMAKE_CXX_STANDARD 17)" in torch_cmake
+    assert "list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)" in torch_cmake
+    assert "Pytorch_CXX17 AND Pytorch_CXX17" in (horovod_source / "CMakeLists.txt").read_text()
+
+
+def test_patch_refuses_sources_without_the_expected_anchor():
+    with pytest.raises(ih.InstallError, match="expected the anchor once, found it 0 times"):
+        ih.patch_text("cmake_minimum_required(VERSION 3.13)\n", ih.PATCHES["CMakeLists.txt"], "CMakeLists.txt")
+
+
+def test_check_build_parsing_on_the_real_install():
+    out = subprocess.run([str(Path(sys.executable).parent / "horovodrun"), "--check-build"],
+                         capture_output=True, text=True, check=True).stdout
+    built = ih.parse_check_build(out)
+    assert built["PyTorch"] and built["MPI"] and built["Gloo"]
+    assert built["TensorFlow"] is False
+
+
+def test_check_build_counts_a_name_only_if_every_line_is_checked():
+    out = "[X] PyTorch\n[X] MPI\n[ ] Gloo\n[ ] MPI\n[X] Gloo\n"
+    assert ih.parse_check_build(out) == {"PyTorch": True, "MPI": False, "Gloo": False}
+
+
+def test_missing_tools_names_each_absent_command():
+    present = {"cmake", "mpirun"}
+    missing = ih.missing_tools(which=lambda tool: f"/usr/bin/{tool}" if tool in present else None)
+    assert missing == ["mpicxx", "g++"]
+
+
+def test_no_compiler_stops_with_the_packages_to_install(tmp_path):
+    """PATH without mpicxx/cmake/g++: a one-line message naming the Debian packages, exit 1."""
+    env = dict(os.environ, PATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(ROOT / "hvdtrain/install_horovod.py"), "--force",
+                           "--no-apt", "--cache-dir", str(tmp_path / "cache")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("install-horovod: error: missing mpicxx, mpirun, cmake, g++")
+    assert "libopenmpi-dev" in error and "g++" in error
+    assert not list((tmp_path / "cache").glob("wheels/*/*.whl"))
+
+
+def test_no_network_to_the_registry_is_a_clear_error(tmp_path, monkeypatch):
+    # A closed loopback port stands in for an unreachable index; nothing leaves this machine.
+    for key, value in {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_EXTRA_INDEX_URL": "",
+                       "PIP_FIND_LINKS": "", "PIP_RETRIES": "0", "PIP_TIMEOUT": "3",
+                       "PIP_CONFIG_FILE": os.devnull}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ih.InstallError, match="could not download horovod==0.28.1 .no network"):
+        ih.download_sdist(sys.executable, tmp_path, tmp_path / "log")
+
+
+def test_bad_torch_spec_leaves_no_venv_claiming_success(tmp_path):
+    venv = tmp_path / "venv"
+    env = dict(os.environ, VENV=str(venv), TORCH_SPEC="torch==0.0.1", PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(ROOT / "scripts/setup-env")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "pip could not install 'torch==0.0.1'" in proc.stderr
+    assert "TORCH_SPEC" in proc.stderr
+    assert not venv.exists(), "a half-made venv was left behind"
