@@ -48,12 +48,7 @@ def train_command(args: list[str]) -> int:
     config = load_config(path, rest)
     from hvdtrain.trainer import train
 
-    try:
-        train(config)
-    finally:
-        from hvdtrain import dist
-
-        dist.shutdown()
+    train(config)  # Horovod shuts itself down at exit
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from hvdtrain.errors import ConfigError
+from hvdtrain.schedule import DECAYS
 
 LR_SCALINGS = ("none", "linear", "sqrt")
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -19,7 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = "mlp"              # built-in (mlp, cnn) or a plug-in 'module.path:function'
+    model: str = "cnn"              # built-in (mlp, cnn) or a plug-in 'module.path:function'
     dataset: str = "digits"         # built-in (digits, synthetic) or a plug-in 'module.path:function'
     epochs: int = 10                # passes over the training shard
     max_steps: int = 0              # stop after this many optimizer steps in total; 0 = no limit
@@ -29,6 +30,7 @@ class TrainConfig:
     lr: float = 0.05                # base LR for one worker, before scaling by the number of workers
     lr_scaling: str = "linear"      # none, linear or sqrt of the number of workers (Goyal et al.)
     warmup_epochs: float = 1.0      # ramp from the base LR to the scaled LR over this many epochs
+    lr_decay: str = "cosine"        # after warmup: none, cosine (to 0 at the end) or step (x0.1 at 1/2, 3/4)
     momentum: float = 0.9           # SGD momentum; ignored by adam/adamw
     weight_decay: float = 0.0       # L2 penalty (decoupled for adamw)
     hidden: int = 128               # width of the built-in MLP's hidden layers
@@ -59,6 +61,7 @@ class TrainConfig:
             raise ConfigError(f"synthetic_shape must be positive sizes like 1,28,28, got {self.synthetic_shape}")
         _check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("lr_decay", self.lr_decay, DECAYS)
         _check_choice("device", self.device, DEVICES)
         if "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name must be a plain folder name, got {self.name!r}")

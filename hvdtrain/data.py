@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import TensorDataset
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UserError
@@ -14,8 +14,8 @@ from hvdtrain.plugins import resolve
 
 class Data(NamedTuple):
     """What a dataset builder returns: plug-ins may return this or a plain 3-tuple."""
-    train: Dataset
-    val: Dataset
+    train: Any          # a torch map-style Dataset of (input, label) with __len__
+    val: Any
     num_classes: int
 
 

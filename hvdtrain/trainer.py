@@ -86,13 +86,14 @@ def train(config: TrainConfig) -> dict[str, Any]:
     optimizer = dist.wrap_optimizer(optimizer, model)
 
     # Horovod: explicit rank/size; each epoch reshuffles with seed + epoch, the same on all ranks.
-    sampler = DistributedSampler(data.train, num_replicas=world.size, rank=world.rank,
+    sampler: DistributedSampler = DistributedSampler(data.train, num_replicas=world.size, rank=world.rank,
                                  shuffle=True, seed=config.seed)
     loader = DataLoader(data.train, batch_size=config.batch_size, sampler=sampler,
                         pin_memory=device.type == "cuda")
     steps = steps_per_epoch(len(data.train), world.size, config.batch_size)
     target_lr = scaled_lr(config.lr, world.size, config.lr_scaling)
     warmup_steps = round(config.warmup_epochs * steps)
+    total_steps = min(config.epochs * steps, config.max_steps or config.epochs * steps)
 
     # Rank 0 decides the run directory; every rank learns the verdict so none waits alone.
     plan = plan_run_dir(config) if world.is_root else None
@@ -115,7 +116,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         epoch_start = time.perf_counter()
         stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
         for inputs, targets in loader:
-            lr = lr_at(step, config.lr, target_lr, warmup_steps)
+            lr = lr_at(step, config.lr, target_lr, warmup_steps, total_steps, config.lr_decay)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)

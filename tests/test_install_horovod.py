@@ -53,7 +53,7 @@ def test_cxx17_fix_applies_exactly_once_to_the_real_sources(horovod_source):
     patched = [f.read_text() for f in files]
     assert ih.apply_cxx17_fix(horovod_source) is False
     assert [f.read_text() for f in files] == patched
-    for before, after in zip(originals, patched):
+    for before, after in zip(originals, patched, strict=True):
         assert after.count(ih.CXX17_MARKER) == 1
         assert after != before
     torch_cmake = (horovod_source / "horovod/torch/CMakeLists.txt").read_text()

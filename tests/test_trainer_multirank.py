@@ -59,7 +59,7 @@ def test_default_job_on_two_workers_reaches_95_percent(tmp_path):
     assert epochs[-1]["val_samples"] == 359  # the whole held-out split, once
     summary = json.loads((run / "summary.json").read_text())
     assert len(set(summary["param_digests"])) == 1 and len(summary["param_digests"]) == 2
-    assert (run / "config.yaml").read_text().startswith("model: mlp")
+    assert (run / "config.yaml").read_text().startswith("model: cnn")
     assert "hvdtrain: done  2 worker(s)" in proc.stdout
 
 

@@ -1,0 +1,68 @@
+"""Tier 2: one real Horovod worker, in this process."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+import yaml
+from conftest import ROOT
+
+from hvdtrain import dist
+from hvdtrain.config import load_config
+from hvdtrain.errors import UserError
+from hvdtrain.models import build_model
+from hvdtrain.trainer import train
+
+
+@pytest.fixture
+def one_worker():
+    """Horovod stays initialised across tests: after MPI_Finalize, MPI cannot start again in a process."""
+    yield dist.init()
+
+
+def test_in_process_run_writes_a_complete_run_directory(tmp_path, one_worker):
+    config = load_config(None, ["--run-dir", str(tmp_path), "--name", "solo"])
+    summary = train(config)
+    run = tmp_path / "solo"
+    assert summary["workers"] == 1 and summary["val_acc"] >= 0.95, summary
+    assert yaml.safe_load((run / "config.yaml").read_text()) == config.to_dict()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("epoch") == 10 and kinds[-1] == "summary"
+    # 1,438 training samples at batch 32 -> 45 steps/epoch; a train record every 20 steps.
+    assert kinds.count("train") == (10 * 45) // 20
+    state = torch.load(run / "model.pt", weights_only=True)
+    model = build_model(config, (1, 8, 8), 10)
+    assert state.keys() == model.state_dict().keys()
+    assert json.loads((run / "summary.json").read_text())["steps"] == 10 * 45
+
+
+def test_plugins_by_import_path_train_end_to_end(tmp_path, monkeypatch, one_worker):
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    config = load_config(None, ["--model", "my_plugins:build_model", "--dataset", "my_plugins:build_dataset",
+                                "--epochs", "30", "--lr", "0.1", "--batch-size", "16",
+                                "--run-dir", str(tmp_path), "--name", "spirals"])
+    summary = train(config)
+    assert summary["val_samples"] == 120 and summary["val_acc"] >= 0.9, summary
+
+
+def test_an_existing_run_is_never_overwritten(tmp_path, one_worker):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "metrics.jsonl").write_text("{}\n")
+    config = load_config(None, ["--epochs", "1", "--run-dir", str(tmp_path), "--name", "taken"])
+    with pytest.raises(UserError, match="already holds a run; pass a new --name"):
+        train(config)
+    assert (tmp_path / "taken" / "metrics.jsonl").read_text() == "{}\n"
+
+
+def test_one_worker_warmup_is_flat_then_cosine_decays(tmp_path, one_worker):
+    config = load_config(None, ["--epochs", "2", "--warmup-epochs", "1", "--lr-scaling", "linear",
+                                "--run-dir", str(tmp_path), "--name", "warm", "--log-interval", "1"])
+    train(config)
+    records = [json.loads(line) for line in (tmp_path / "warm" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in records if r["kind"] == "train"]
+    # One worker: the scaled LR equals the base LR, so warmup is flat, then cosine decay to ~0.
+    assert lrs[:44] == [0.05] * 44
+    assert all(a >= b for a, b in itertools.pairwise(lrs)) and lrs[-1] < 0.001
