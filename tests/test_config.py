@@ -10,7 +10,7 @@ from hvdtrain.errors import ConfigError
 def test_defaults_are_a_valid_job():
     config = load_config()
     assert config == TrainConfig()
-    assert config.model == "mlp" and config.dataset == "digits"
+    assert config.model == "cnn" and config.dataset == "digits"
 
 
 def test_yaml_then_cli_overrides_then_types(tmp_path):

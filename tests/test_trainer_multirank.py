@@ -66,7 +66,7 @@ def test_default_job_on_two_workers_reaches_95_percent(tmp_path):
 @pytest.mark.parametrize("np, backend", [(2, "gloo"), (3, "mpi")])
 def test_uneven_dataset_finishes_with_equal_steps_and_exact_evaluation(tmp_path, np, backend):
     proc = horovodrun(np, ["-m", "hvdtrain", "--dataset", "synthetic", "--synthetic-samples", "2002",
-                           "--val-fraction", "0.5", "--synthetic-shape", "10", "--epochs", "2",
+                           "--val-fraction", "0.5", "--synthetic-shape", "10", "--model", "mlp", "--epochs", "2",
                            "--batch-size", "32", "--threads", "1", "--run-dir", str(tmp_path),
                            "--name", "uneven"], backend)
     assert proc.returncode == 0, show(proc)
