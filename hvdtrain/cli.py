@@ -46,9 +46,9 @@ def train_command(args: list[str]) -> int:
             rest.append(args[i])
         i += 1
     config = load_config(path, rest)
-    from hvdtrain.trainer import train
+    from hvdtrain.trainer import fit
 
-    train(config)  # Horovod shuts itself down at exit
+    fit(config)  # Horovod shuts itself down at exit
     return 0
 
 

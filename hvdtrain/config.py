@@ -42,7 +42,7 @@ class TrainConfig:
     log_interval: int = 20          # steps between metric allreduces and progress lines
     threads: int = 0                # torch threads per worker; 0 = cores / workers on this host
     device: str = "auto"            # auto (CUDA pinned to local_rank when present), cpu or cuda
-    run_dir: str = "runs"           # parent folder of run directories
+    run_dir: str = "runs"           # parent folder of run directories; empty = write nothing
     name: str = ""                  # run directory name; empty = model-dataset-timestamp
 
     def __post_init__(self) -> None:

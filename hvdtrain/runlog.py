@@ -1,4 +1,4 @@
-"""Rank 0's side effects: the run directory, its config, metrics (JSON Lines), summary and weights."""
+"""Rank 0's side effects: the run directory, its config, metrics (JSON Lines), summary, weights, plot."""
 from __future__ import annotations
 
 import json
@@ -9,45 +9,80 @@ from typing import Any
 import torch
 from torch import nn
 
+from hvdtrain import dist
 from hvdtrain.config import TrainConfig, to_yaml
+from hvdtrain.errors import UserError
 
 
 def plan_run_dir(config: TrainConfig) -> dict[str, str | None]:
     """Pick runs/<name>; refuse to mix a new run into an existing one."""
-    name = config.name or f"{config.model}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    name = name.replace(":", "_").replace("/", "_")
-    path = Path(config.run_dir) / name
-    if path.exists() and any(path.iterdir()):
-        return {"path": str(path), "error": f"run directory {path} already holds a run; "
-                                            "pass a new --name (or remove it)"}
+    if config.name:
+        path = Path(config.run_dir) / config.name
+        if path.exists() and any(path.iterdir()):
+            return {"path": str(path), "error": f"run directory {path} already holds a run; "
+                                                "pass a new --name (or remove it)"}
+        return {"path": str(path), "error": None}
+    stem = f"{config.model}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = stem.replace(":", "_").replace("/", "_")
+    path = Path(config.run_dir) / stem
+    suffix = 1
+    while path.exists():  # two runs in the same second, e.g. fit twice in a notebook
+        suffix += 1
+        path = Path(config.run_dir) / f"{stem}-{suffix}"
     return {"path": str(path), "error": None}
 
 
+def open_run_dir(config: TrainConfig, is_root: bool) -> tuple[str | None, RunLog | None]:
+    """Rank 0 decides; every rank learns the verdict, so none waits alone. run_dir '' writes nothing."""
+    if not config.run_dir:
+        return None, None
+    plan = dist.broadcast_object(plan_run_dir(config) if is_root else None, name="run_dir_plan")
+    if plan["error"]:
+        raise UserError(plan["error"])
+    return plan["path"], (RunLog(plan["path"], config) if is_root else None)
+
+
 class RunLog:
-    def __init__(self, path: str, config: TrainConfig, world: Any) -> None:
+    def __init__(self, path: str, config: TrainConfig) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "config.yaml").write_text(to_yaml(config))
-        self._metrics = (self.path / "metrics.jsonl").open("a", buffering=1)
-        self.world = world
+        self.epochs = config.epochs
+        self._header_done = False
 
     def metrics(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps({"time": time.time(), **record}) + "\n")
+        with (self.path / "metrics.jsonl").open("a") as handle:
+            handle.write(json.dumps({"time": time.time(), **record}) + "\n")
 
-    def epoch(self, record: dict[str, Any], epochs: int) -> None:
+    def epoch(self, record: dict[str, Any], bar: Any = None) -> None:
         self.metrics(record)
-        print(f"epoch {record['epoch'] + 1}/{epochs}  step {record['step']}  "
-              f"loss {record['train_loss']:.4f}  acc {record['train_acc']:.4f}  "
-              f"val_loss {record['val_loss']:.4f}  val_acc {record['val_acc']:.4f}  "
-              f"lr {record['lr']:.4g}  {record['samples_per_s']:.0f} samples/s  "
-              f"{record['epoch_time_s']:.2f} s", flush=True)
+        columns = [("epoch", f"{record['epoch'] + 1}"), ("step", f"{record['step']}"),
+                   ("loss", _num(record["train_loss"])), ("acc", _num(record["train_acc"])),
+                   ("val_loss", _num(record.get("val_loss"))), ("val_acc", _num(record.get("val_acc"))),
+                   ("lr", f"{record['lr']:.4g}"), ("samples/s", f"{record['samples_per_s']:.0f}"),
+                   ("time_s", f"{record['epoch_time_s']:.2f}")]
+        lines = []
+        if not self._header_done:
+            lines.append("  ".join(f"{name:>9}" for name, _ in columns))
+            self._header_done = True
+        lines.append("  ".join(f"{value:>9}" for _, value in columns))
+        for line in lines:
+            if bar is not None:
+                bar.write(line)  # above the bar, not through it
+            else:
+                print(line, flush=True)
 
-    def finish(self, summary: dict[str, Any], model: nn.Module) -> None:
+    def finish(self, history: Any, model: nn.Module) -> None:
+        summary = history.summary
         torch.save(model.state_dict(), self.path / "model.pt")
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         self.metrics(summary)
-        self._metrics.close()
+        history.plot(self.path / "curves.png")
         print(f"hvdtrain: done  {summary['workers']} worker(s)  {summary['epochs_run']} epochs  "
-              f"{summary['steps']} steps  val_loss {summary['val_loss']:.4f}  "
-              f"val_acc {summary['val_acc']:.4f}  {summary['samples_per_s']:.0f} samples/s  "
+              f"{summary['steps']} steps  val_loss {_num(summary.get('val_loss'))}  "
+              f"val_acc {_num(summary.get('val_acc'))}  {summary['samples_per_s']:.0f} samples/s  "
               f"wall {summary['wall_time_s']:.1f} s  -> {self.path}", flush=True)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"

@@ -13,7 +13,7 @@ from hvdtrain import dist
 from hvdtrain.config import load_config
 from hvdtrain.errors import UserError
 from hvdtrain.models import build_model
-from hvdtrain.trainer import train
+from hvdtrain.trainer import fit
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def one_worker():
 
 def test_in_process_run_writes_a_complete_run_directory(tmp_path, one_worker):
     config = load_config(None, ["--run-dir", str(tmp_path), "--name", "solo"])
-    summary = train(config)
+    summary = fit(config).summary
     run = tmp_path / "solo"
     assert summary["workers"] == 1 and summary["val_acc"] >= 0.95, summary
     assert yaml.safe_load((run / "config.yaml").read_text()) == config.to_dict()
@@ -44,7 +44,7 @@ def test_plugins_by_import_path_train_end_to_end(tmp_path, monkeypatch, one_work
     config = load_config(None, ["--model", "my_plugins:build_model", "--dataset", "my_plugins:build_dataset",
                                 "--epochs", "30", "--lr", "0.1", "--batch-size", "16",
                                 "--run-dir", str(tmp_path), "--name", "spirals"])
-    summary = train(config)
+    summary = fit(config).summary
     assert summary["val_samples"] == 120 and summary["val_acc"] >= 0.9, summary
 
 
@@ -53,14 +53,14 @@ def test_an_existing_run_is_never_overwritten(tmp_path, one_worker):
     (tmp_path / "taken" / "metrics.jsonl").write_text("{}\n")
     config = load_config(None, ["--epochs", "1", "--run-dir", str(tmp_path), "--name", "taken"])
     with pytest.raises(UserError, match="already holds a run; pass a new --name"):
-        train(config)
+        fit(config)
     assert (tmp_path / "taken" / "metrics.jsonl").read_text() == "{}\n"
 
 
 def test_one_worker_warmup_is_flat_then_cosine_decays(tmp_path, one_worker):
     config = load_config(None, ["--epochs", "2", "--warmup-epochs", "1", "--lr-scaling", "linear",
                                 "--run-dir", str(tmp_path), "--name", "warm", "--log-interval", "1"])
-    train(config)
+    fit(config)
     records = [json.loads(line) for line in (tmp_path / "warm" / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in records if r["kind"] == "train"]
     # One worker: the scaled LR equals the base LR, so warmup is flat, then cosine decay to ~0.
