@@ -46,10 +46,37 @@ def train_command(args: list[str]) -> int:
             rest.append(args[i])
         i += 1
     config = load_config(path, rest)
+    from hvdtrain.stopping import STOP, Stopped
     from hvdtrain.trainer import fit
 
-    fit(config)  # Horovod shuts itself down at exit
+    STOP.install()
+    try:
+        fit(config)  # Horovod shuts itself down at exit
+    except Stopped as stop:
+        print(f"hvdtrain: {stop}", file=sys.stderr, flush=True)
+        return 128 + stop.signum
+    except UserError:
+        raise
+    except Exception as err:
+        return _report_crash(err)
     return 0
+
+
+def _report_crash(err: Exception) -> int:
+    """A bug or a failure, not a user mistake: the traceback, then one line naming this rank."""
+    import os
+    import traceback
+
+    from hvdtrain import dist
+
+    rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    if dist.is_peer_failure(err):
+        print(f"hvdtrain: rank {rank} stopped because another rank failed ({err}); "
+              "see that rank's error", file=sys.stderr, flush=True)
+    else:
+        traceback.print_exc()
+        print(f"hvdtrain: error: rank {rank} failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,13 +44,25 @@ class TrainConfig:
     device: str = "auto"            # auto (CUDA pinned to local_rank when present), cpu or cuda
     run_dir: str = "runs"           # parent folder of run directories; empty = write nothing
     name: str = ""                  # run directory name; empty = model-dataset-timestamp
+    checkpoint_epochs: int = 1      # write a checkpoint every N epochs; 0 = not at epoch ends
+    checkpoint_steps: int = 0       # also write one every N optimizer steps (mid-epoch); 0 = off
+    keep_checkpoints: int = 3       # newest checkpoints kept in <run>/checkpoints
+    resume: str = ""                # 'auto' (newest valid checkpoint of run --name, if any) or a path
+    checkpoint_on_stop: bool = True  # on SIGINT/SIGTERM, write a checkpoint before exiting
+    nonfinite_limit: int = 5        # skip steps whose averaged gradients are not finite; abort after N in a row
+    elastic: bool = False           # elastic training under horovodrun --min-np/--max-np (Gloo)
+    commit_steps: int = 10          # elastic: steps between state commits (work redone after a failure)
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples",
                     "num_classes", "log_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
-        for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum"):
+        for key in ("keep_checkpoints", "commit_steps"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
+        for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum", "checkpoint_epochs",
+                    "checkpoint_steps", "nonfinite_limit"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.lr <= 0:
@@ -63,6 +75,8 @@ class TrainConfig:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("lr_decay", self.lr_decay, DECAYS)
         _check_choice("device", self.device, DEVICES)
+        if self.resume == "auto" and not (self.name and self.run_dir):
+            raise ConfigError("resume auto needs the run to resume: pass --name NAME (and a --run-dir)")
         if "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name must be a plain folder name, got {self.name!r}")
 

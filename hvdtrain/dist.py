@@ -40,7 +40,12 @@ def init() -> World:
     """Start Horovod (idempotent) and say who we are."""
     h = _require()
     h.init()
-    return World(h.rank(), h.size(), h.local_rank(), h.local_size())
+    return world()
+
+
+def world() -> World:
+    """Who we are now (it changes after an elastic reset)."""
+    return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
 
 
 def shutdown() -> None:
@@ -74,3 +79,22 @@ def allgather_object(obj: Any, name: str) -> list[Any]:
 def built_info() -> dict[str, bool]:
     h = _require()
     return {"mpi": h.mpi_built(), "gloo": h.gloo_built(), "nccl": bool(h.nccl_built())}
+
+
+def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **values: Any) -> Any:
+    """Horovod's TorchState: model, optimizer and plain values saved on commit, restored on failure."""
+    return hvd.elastic.TorchState(model=model, optimizer=optimizer, **values)
+
+
+def run_elastic(fn: Any) -> Any:
+    """Wrap fn(state) so Horovod re-runs it from the last commit after a worker joins or leaves."""
+    return hvd.elastic.run(fn)
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """True when this rank failed only because another rank went away (its error is the real one)."""
+    if hvd is None:
+        return False
+    from horovod.common.exceptions import HorovodInternalError
+
+    return isinstance(err, HorovodInternalError) or "shut down" in str(err)

@@ -9,18 +9,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from hvdtrain import dist
 from hvdtrain.config import TrainConfig, to_yaml
-from hvdtrain.errors import UserError
 
 
-def plan_run_dir(config: TrainConfig) -> dict[str, str | None]:
-    """Pick runs/<name>; refuse to mix a new run into an existing one."""
+def plan_run_dir(config: TrainConfig) -> dict[str, Any]:
+    """Pick runs/<name>; refuse to mix a new run into an existing one. run_dir '' writes nothing."""
+    if not config.run_dir:
+        return {"path": None, "error": None}
     if config.name:
         path = Path(config.run_dir) / config.name
-        if path.exists() and any(path.iterdir()):
+        if path.exists() and any(path.iterdir()) and not config.resume:
             return {"path": str(path), "error": f"run directory {path} already holds a run; "
-                                                "pass a new --name (or remove it)"}
+                                                "pass a new --name, or --resume auto to continue it"}
         return {"path": str(path), "error": None}
     stem = f"{config.model}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     stem = stem.replace(":", "_").replace("/", "_")
@@ -30,16 +30,6 @@ def plan_run_dir(config: TrainConfig) -> dict[str, str | None]:
         suffix += 1
         path = Path(config.run_dir) / f"{stem}-{suffix}"
     return {"path": str(path), "error": None}
-
-
-def open_run_dir(config: TrainConfig, is_root: bool) -> tuple[str | None, RunLog | None]:
-    """Rank 0 decides; every rank learns the verdict, so none waits alone. run_dir '' writes nothing."""
-    if not config.run_dir:
-        return None, None
-    plan = dist.broadcast_object(plan_run_dir(config) if is_root else None, name="run_dir_plan")
-    if plan["error"]:
-        raise UserError(plan["error"])
-    return plan["path"], (RunLog(plan["path"], config) if is_root else None)
 
 
 class RunLog:

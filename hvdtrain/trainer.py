@@ -5,29 +5,31 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 
-from hvdtrain import dist
+from hvdtrain import checkpoint, dist
 from hvdtrain.config import TrainConfig, to_yaml
 from hvdtrain.data import build_data, check_fits, steps_per_epoch
+from hvdtrain.errors import UserError
 from hvdtrain.evaluation import batch_stats, evaluate, param_digest, predict, ratio
 from hvdtrain.history import History
 from hvdtrain.models import build_model
-from hvdtrain.runlog import RunLog, open_run_dir
+from hvdtrain.resume import resume_state
+from hvdtrain.runlog import RunLog, plan_run_dir
+from hvdtrain.sampling import ShardSampler
 from hvdtrain.schedule import lr_at, scaled_lr
+from hvdtrain.stopping import STOP, Stopped
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        from hvdtrain.errors import UserError
-
         raise UserError("device cuda was asked for but torch sees no CUDA device; use --device cpu")
     # Horovod: one GPU per worker, chosen by its rank on this host.
     torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -48,11 +50,28 @@ def show_progress() -> bool:
     return sys.stderr.isatty() or "ipykernel" in sys.modules
 
 
+@dataclass
+class Progress:
+    """Where training stands; checkpoints and elastic commits save exactly this."""
+    epoch: int = 0
+    position: int = 0           # samples of this epoch's order processed by all ranks together
+    step: int = 0               # optimizer steps since the run began (skipped ones included)
+    fit_step: int = 0           # steps in the current fit() call; drives the LR schedule
+    nonfinite: int = 0          # consecutive steps skipped for non-finite gradients
+    skipped: int = 0            # all steps skipped for non-finite gradients
+    stats: torch.Tensor = field(default_factory=lambda: torch.zeros(3, dtype=torch.float64))
+
+    FIELDS = ("epoch", "position", "step", "fit_step", "nonfinite", "skipped", "stats")
+
+    def values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
 class Trainer:
     """Data-parallel training of any model on any map-style dataset, on every Horovod worker.
 
     Args:
-        model: the model; its initial weights are taken from rank 0.
+        model: the model; its initial weights are taken from rank 0 (or from the checkpoint resumed).
         train_data: a torch Dataset of (input, target) pairs with __len__.
         val_data: optional held-out Dataset, evaluated after every epoch.
         optimizer: optional optimizer over `model`'s parameters; default from `config`. Its learning
@@ -79,54 +98,78 @@ class Trainer:
         self.model = model.to(self.device)
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         optimizer = optimizer or make_optimizer(config, self.model)
+        self.progress = Progress()
+
+        # Rank 0 decides the run directory and reads any checkpoint; every rank learns the verdict,
+        # so none waits alone, and nothing is written before all input checks passed.
+        plan = dist.broadcast_object(plan_run_dir(config) if world.is_root else None, name="run_dir_plan")
+        if plan["error"]:
+            raise UserError(plan["error"])
+        self.run_path: str | None = plan["path"]
+        resumed = resume_state(config, self.run_path, self.model, optimizer, self.progress, world)
         dist.broadcast_state(self.model, optimizer)        # Horovod: identical start everywhere
-        self.optimizer = dist.wrap_optimizer(optimizer, self.model)
+        self.optimizer: Any = dist.wrap_optimizer(optimizer, self.model)  # Horovod's DistributedOptimizer
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
-        # Horovod: explicit rank/size; each epoch reshuffles with seed + epoch, the same on all ranks.
-        self.sampler: DistributedSampler = DistributedSampler(
-            train_data, num_replicas=world.size, rank=world.rank, shuffle=True, seed=config.seed)
+        self.log = RunLog(self.run_path, config) if world.is_root and self.run_path else None
+        if self.log and resumed:
+            print(f"hvdtrain: {resumed}", flush=True)
+
+        self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
         self.loader = DataLoader(train_data, batch_size=config.batch_size, sampler=self.sampler,
                                  pin_memory=self.device.type == "cuda")
         self.steps_per_epoch = steps_per_epoch(len(train_data), world.size, config.batch_size)
         self.lr_scale = scaled_lr(1.0, world.size, config.lr_scaling)
-        self.epoch = 0
-        self.step = 0
         self.history = History()
-        self.log: RunLog | None = None
-        self._run_path: str | None = None
 
     def fit(self, epochs: int | None = None) -> History:
-        """Train for `epochs` (default config.epochs) more epochs; the LR schedule restarts per call.
+        """Train until `epochs` (default config.epochs) epochs are done in all; the LR schedule spans this call.
 
         Returns:
-            The History of every epoch so far (rank 0's metrics, the same on every rank).
+            The History of the epochs trained (rank 0's metrics, the same on every rank).
         """
-        config, world = self.config, self.world
-        epochs = epochs or config.epochs
-        if self._run_path is None:
-            self._run_path, self.log = open_run_dir(config, world.is_root)
+        config, p = self.config, self.progress
+        end_epoch = epochs if epochs is not None and self.history else (epochs or config.epochs)
+        if epochs is not None and self.history:
+            end_epoch = p.epoch + epochs  # fit() again: that many more epochs
         if self.log:
-            print(f"hvdtrain: {world.size} worker(s), {len(self.train_data)} train / "
+            print(f"hvdtrain: {self.world.size} worker(s), {len(self.train_data)} train / "
                   f"{len(self.val_data) if self.val_data is not None else 0} held-out samples, LR x"
                   f"{self.lr_scale:g} ({config.lr_scaling}), run dir {self.log.path}\n{to_yaml(config)}",
                   flush=True)
-        total_steps = min(epochs * self.steps_per_epoch, config.max_steps or epochs * self.steps_per_epoch)
+        if not p.position and p.epoch >= end_epoch:
+            raise UserError(f"nothing to do: the run already finished epoch {p.epoch} of {end_epoch}; "
+                            "raise --epochs to train longer")
+        todo_steps = (end_epoch - p.epoch) * self.steps_per_epoch
+        total_steps = p.fit_step + min(todo_steps, config.max_steps - p.step if config.max_steps else todo_steps)
+        start = time.perf_counter()
+        if config.elastic:
+            state = dist.elastic_state(self.model, self.optimizer, **p.values())
+            state.register_reset_callbacks([self._on_reset])
+            dist.run_elastic(self._train)(state, end_epoch, total_steps)
+            for name in Progress.FIELDS:
+                setattr(p, name, getattr(state, name))
+        else:
+            self._train(p, end_epoch, total_steps)
+        self._finish(time.perf_counter() - start)
+        return self.history
+
+    def _train(self, p: Any, end_epoch: int, total_steps: int) -> None:
+        """The loop. `p` is a Progress, or Horovod's elastic state with the same fields."""
+        config = self.config
         warmup_steps = round(config.warmup_epochs * self.steps_per_epoch)
         bar = None
-        if world.is_root and show_progress():
+        if self.world.is_root and show_progress():
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=total_steps, unit="step", leave=False)
-
-        fit_step, samples_seen, lr_factor = 0, 0, 1.0
-        fit_start = time.perf_counter()
+            bar = tqdm(total=total_steps, initial=p.fit_step, unit="step", leave=False)
         self.model.train()
-        for _ in range(epochs):
-            self.sampler.set_epoch(self.epoch)              # Horovod: a new shuffle of every shard
+        lr_factor = 1.0
+        while p.epoch < end_epoch and p.fit_step < total_steps:
+            # Horovod: every rank shuffles alike (seed + epoch) and resumes at the same global position.
+            self.sampler.set_epoch(p.epoch, start=p.position)
             epoch_start = time.perf_counter()
-            stats = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
             for inputs, targets in self.loader:
-                lr_factor = lr_at(fit_step, 1.0, self.lr_scale, warmup_steps, total_steps, config.lr_decay)
+                lr_factor = lr_at(p.fit_step, 1.0, self.lr_scale, warmup_steps, total_steps, config.lr_decay)
                 for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
                     group["lr"] = base_lr * lr_factor
                 inputs = inputs.to(self.device, non_blocking=True)
@@ -135,52 +178,116 @@ class Trainer:
                 outputs = self.model(inputs)
                 loss = self.loss_fn(outputs, targets)
                 loss.backward()                             # Horovod: allreduces start here
-                self.optimizer.step()                       # Horovod: waits for them
-                stats += batch_stats(loss.detach(), outputs.detach(), targets)  # no .item(): no host sync
-                self.step += 1
-                fit_step += 1
+                self.optimizer.synchronize()                # Horovod: averaged gradients, equal on all ranks
+                if self._gradients_finite(p):
+                    with self.optimizer.skip_synchronize():
+                        self.optimizer.step()
+                    p.stats = p.stats + batch_stats(loss.detach(), outputs.detach(), targets).cpu()
+                p.position += len(targets) * self.world.size
+                p.step += 1
+                p.fit_step += 1
                 if bar:
                     bar.update()
-                if self.step % config.log_interval == 0:
-                    # Horovod: one allreduce per log interval, not per step.
-                    total = dist.allreduce_sum(stats.cpu(), name="train_stats")
-                    record = {"kind": "train", "epoch": self.epoch, "step": self.step,
-                              "lr": self.base_lrs[0] * lr_factor, "loss": (total[0] / total[2]).item(),
-                              "acc": ratio(total[1], total[2])}
-                    if self.log:
-                        self.log.metrics(record)
-                    if bar:
-                        bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
-                if fit_step >= total_steps:
+                if p.step % config.log_interval == 0:
+                    self._log_interval(p, lr_factor, bar)
+                if config.checkpoint_steps and p.step % config.checkpoint_steps == 0:
+                    self._checkpoint(p)
+                if config.elastic and p.step % config.commit_steps == 0:
+                    p.commit()                              # Horovod: may raise to admit new hosts
+                if p.fit_step >= total_steps:
                     break
-            total = dist.allreduce_sum(stats.cpu(), name="train_stats")
-            epoch_time = time.perf_counter() - epoch_start
-            samples_seen += int(total[2].item())
-            record = {"kind": "epoch", "epoch": self.epoch, "step": self.step,
-                      "lr": self.base_lrs[0] * lr_factor, "train_loss": (total[0] / total[2]).item(),
-                      "train_acc": ratio(total[1], total[2]),
-                      **self.evaluate(), "samples_per_s": int(total[2].item()) / epoch_time,
-                      "epoch_time_s": epoch_time}
-            self.history.append(record)
-            if self.log:
-                self.log.epoch(record, bar)
-            self.epoch += 1
-            if fit_step >= total_steps:
-                break
+            finished_epoch = p.position >= len(self.train_data)
+            self._end_epoch(p, lr_factor, time.perf_counter() - epoch_start, bar)
+            if finished_epoch:
+                p.epoch, p.position = p.epoch + 1, 0
+                p.stats = torch.zeros(3, dtype=torch.float64)
+            if finished_epoch and config.checkpoint_epochs and p.epoch % config.checkpoint_epochs == 0:
+                self._checkpoint(p)
+            if config.elastic:
+                p.commit()
         if bar:
             bar.close()
 
-        wall = time.perf_counter() - fit_start
+    def _gradients_finite(self, p: Any) -> bool:
+        """Averaged gradients are identical on every rank, so every rank reaches the same verdict."""
+        limit = self.config.nonfinite_limit
+        if not limit:
+            return True
+        grads = [param.grad for param in self.model.parameters() if param.grad is not None]
+        # One host sync per step: the price of deciding before the weights are touched.
+        if bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+            p.nonfinite = 0
+            return True
+        p.nonfinite += 1
+        p.skipped += 1
+        if p.nonfinite >= limit:
+            raise UserError(f"gradients were not finite for {limit} steps in a row (step {p.step + 1}, "
+                            f"epoch {p.epoch + 1}); lower --lr, check the data for NaN/inf, or raise "
+                            "--nonfinite-limit")
+        return False
+
+    def _log_interval(self, p: Any, lr_factor: float, bar: Any) -> None:
+        # Horovod: one allreduce per log interval, not per step; it also carries any stop request.
+        total = dist.allreduce_sum(torch.cat([p.stats, torch.tensor([float(STOP.signum)])]), name="train_stats")
+        record = {"kind": "train", "epoch": p.epoch, "step": p.step, "lr": self.base_lrs[0] * lr_factor,
+                  "loss": ratio(total[0], total[2]), "acc": ratio(total[1], total[2])}
+        if self.log:
+            self.log.metrics(record)
+        if bar and record["loss"] is not None:
+            bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
+        if total[3] > 0:
+            self._stop(p, int(total[3].item()) // self.world.size or int(total[3].item()))
+
+    def _end_epoch(self, p: Any, lr_factor: float, seconds: float, bar: Any) -> None:
+        total = dist.allreduce_sum(torch.cat([p.stats, torch.tensor([float(STOP.signum)])]), name="epoch_stats")
+        record = {"kind": "epoch", "epoch": p.epoch, "step": p.step, "lr": self.base_lrs[0] * lr_factor,
+                  "train_loss": ratio(total[0], total[2]), "train_acc": ratio(total[1], total[2]),
+                  **self.evaluate(), "samples_per_s": float(total[2].item()) / seconds, "epoch_time_s": seconds}
+        self.history.append(record)
+        if self.log:
+            self.log.epoch(record, bar)
+        if total[3] > 0:
+            self._stop(p, int(total[3].item()) // self.world.size or int(total[3].item()))
+
+    def _stop(self, p: Any, signum: int) -> None:
+        saved = self._checkpoint(p) if self.config.checkpoint_on_stop else None
+        raise Stopped(signum, p.step, saved)
+
+    def _checkpoint(self, p: Any) -> str | None:
+        """A collective: every rank contributes its RNG state and metric sums; rank 0 writes."""
+        if not self.run_path:
+            return None
+        per_rank = dist.allgather_object((checkpoint.rng_state(), p.stats), name="checkpoint_gather")
+        path = None
+        if self.world.is_root:
+            progress = {name: getattr(p, name) for name in Progress.FIELDS if name != "stats"}
+            path = checkpoint.save(checkpoint.checkpoint_dir(self.run_path), p.step, {
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "progress": progress, "world_size": self.world.size, "rng": [r for r, _ in per_rank],
+                "stats": [s for _, s in per_rank], "config": self.config.to_dict()}, self.config.keep_checkpoints)
+        return str(path) if path else None
+
+    def _on_reset(self) -> None:
+        """Elastic: workers joined or left. Re-shard the rest of the epoch and rescale the LR."""
+        self.world = dist.world()
+        self.sampler.reshard(self.world.rank, self.world.size)
+        self.lr_scale = scaled_lr(1.0, self.world.size, self.config.lr_scaling)
+        if self.world.is_root and self.log is None and self.run_path:
+            self.log = RunLog(self.run_path, self.config)  # rank 0 may now be another process
+
+    def _finish(self, wall: float) -> None:
+        p = self.progress
         # Horovod: proof that every replica took the same steps and ended with the same weights.
-        per_rank = dist.allgather_object((self.step, param_digest(self.model)), name="final_state")
-        self.history.summary = {**self.history[-1], "kind": "summary", "epochs_run": len(self.history),
-                                "steps": self.step, "workers": world.size,
-                                "samples_per_s": samples_seen / wall, "wall_time_s": wall,
+        per_rank = dist.allgather_object((p.step, param_digest(self.model)), name="final_state")
+        last = self.history[-1] if self.history else {}
+        seen = sum(r["samples_per_s"] * r["epoch_time_s"] for r in self.history)
+        self.history.summary = {**last, "kind": "summary", "epochs_run": len(self.history), "steps": p.step,
+                                "skipped_steps": p.skipped, "workers": self.world.size,
+                                "samples_per_s": seen / wall, "wall_time_s": wall,
                                 "rank_steps": [s for s, _ in per_rank],
-                                "param_digests": [d for _, d in per_rank], "run_dir": self._run_path}
+                                "param_digests": [d for _, d in per_rank], "run_dir": self.run_path}
         if self.log:
             self.log.finish(self.history, self.model)
-        return self.history
 
     def evaluate(self, data: Any = None) -> dict[str, Any]:
         """Loss and accuracy over `data` (default: the held-out set), each sample counted once."""

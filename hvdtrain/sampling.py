@@ -1,0 +1,58 @@
+"""Which samples each rank trains on: a resumable, re-shardable replacement for DistributedSampler.
+
+The position within an epoch is one global number: how many samples of this epoch's shuffled order
+all ranks together have processed. Because ranks take the remaining order strided (rank r gets
+r, r+size, ...), after k equal batches the processed samples are exactly a prefix of the order. So
+the same position resumes a checkpoint, survives an elastic reset, and re-splits the rest of the
+epoch across any new number of workers with no sample skipped or repeated.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class ShardSampler(Sampler[int]):
+    """Per-epoch shuffle (seed + epoch, the same on every rank), strided shards padded to equal length.
+
+    With start=0 it yields exactly what torch's DistributedSampler(shuffle=True, drop_last=False) does.
+    """
+
+    def __init__(self, num_samples: int, rank: int, size: int, seed: int, shuffle: bool = True) -> None:
+        self.num_samples_total = num_samples
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.start = 0
+        self.rank, self.size = rank, size
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Begin `epoch`, skipping the first `start` samples of its order (already processed)."""
+        self.epoch, self.start = epoch, start
+
+    def reshard(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+    def order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_samples_total))
+        gen = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples_total, generator=gen).tolist()
+
+    def shard(self) -> list[int]:
+        remaining = self.order()[self.start:]
+        if not remaining:
+            return []
+        padded_len = -(-len(remaining) // self.size) * self.size
+        # Pad by wrapping around, as DistributedSampler does, so every rank runs the same number of steps.
+        remaining += (remaining * (padded_len // len(remaining) + 1))[:padded_len - len(remaining)]
+        return remaining[self.rank::self.size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.shard())
+
+    def __len__(self) -> int:
+        remaining = max(0, self.num_samples_total - self.start)
+        return -(-remaining // self.size)
