@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from hvdtrain.errors import UserError
-from hvdtrain.hosts import Host, from_env, parse_hostfile, to_h_string, to_hostfile, total_slots
+from hvdtrain.hosts import Host, parse_hostfile, to_h_string, to_hostfile, total_slots
+from hvdtrain.schedulers import from_env
 
 FORMATS = {"hostfile": to_hostfile, "H": lambda hosts: to_h_string(hosts) + "\n"}
 
