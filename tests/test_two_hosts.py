@@ -57,12 +57,19 @@ def write_hostfile(folder: Path) -> Path:
     return hostfile
 
 
+def home_ssh_state() -> dict[str, int] | None:
+    """Names and modification times in ~/.ssh (None when it does not exist)."""
+    folder = Path.home() / ".ssh"
+    if not folder.exists():
+        return None
+    return {path.name: path.stat().st_mtime_ns for path in [folder, *folder.iterdir()]}
+
+
 @BACKENDS
 def test_two_hosts_each_rank_in_its_own_namespace_and_training_converges(cluster, tmp_path, backend):
     hostfile = write_hostfile(tmp_path)
     where_file = tmp_path / "where.json"
-    known_hosts = Path.home() / ".ssh" / "known_hosts"
-    had_known_hosts = known_hosts.exists()
+    ssh_before = home_ssh_state()
     mpi_args = ["--mpi-args", f"-mca oob_tcp_if_include {IFACE}"] if backend == "mpi" else []
     launch = [str(BIN / "horovodrun"), "-np", "2", "--hostfile", str(hostfile), "-p", str(SSH_PORT),
               "-i", str(cluster.key), "--network-interfaces", IFACE, "--start-timeout", "120",
@@ -94,4 +101,4 @@ def test_two_hosts_each_rank_in_its_own_namespace_and_training_converges(cluster
     print(f"two-host {backend} run: {seconds:.1f} s, val_acc {summary['val_acc']:.4f}, ranks {where}")
     assert summary["val_acc"] >= 0.95, summary
     assert len(summary["param_digests"]) == 2 and len(set(summary["param_digests"])) == 1
-    assert had_known_hosts or not known_hosts.exists(), "ssh wrote ~/.ssh/known_hosts"
+    assert home_ssh_state() == ssh_before, "something was written to ~/.ssh"
