@@ -202,6 +202,8 @@ def from_env(env: Mapping[str, str], read_text: Callable[[str], str]) -> tuple[s
             text = read_text(path)
         except OSError as err:
             raise HostsError(f"PBS_NODEFILE={path} cannot be read: {err.strerror or err}") from None
+        except UnicodeDecodeError:
+            raise HostsError(f"PBS_NODEFILE={path} is not a text file") from None
         return "pbs", from_pbs_nodefile(text)
     if env.get("LSB_MCPU_HOSTS", "").strip() or env.get("LSB_HOSTS", "").strip():
         return "lsf", from_lsf(env)

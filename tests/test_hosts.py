@@ -241,6 +241,9 @@ def test_from_env_errors(tmp_path):
         from_env({"HOME": "/root", "SLURM_JOB_NODELIST": " "}, read)
     with pytest.raises(HostsError, match=r"PBS_NODEFILE=.*missing cannot be read: No such file or directory"):
         from_env({"PBS_NODEFILE": str(tmp_path / "missing")}, read)
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(HostsError, match=r"PBS_NODEFILE=.*binary is not a text file"):
+        from_env({"PBS_NODEFILE": str(tmp_path / "binary")}, read)
 
 
 # ---------------------------------------------------------------- the real command line
