@@ -115,7 +115,7 @@ def from_slurm(env: Mapping[str, str]) -> list[Host]:
     SLURM_NTASKS_PER_NODE (set by --ntasks-per-node) is used; a single value there applies to
     every node. With neither, each node gets 1 slot.
     """
-    nodelist_var = "SLURM_JOB_NODELIST" if "SLURM_JOB_NODELIST" in env else "SLURM_NODELIST"
+    nodelist_var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST", "").strip() else "SLURM_NODELIST"
     names = expand_hostlist(env[nodelist_var])
     _refuse_duplicates(names, f"{nodelist_var}='{env[nodelist_var]}'")
     if env.get("SLURM_TASKS_PER_NODE", "").strip():
