@@ -1,4 +1,4 @@
-"""Command line: `hvdtrain [train] [--config FILE] [--key value ...]` and `hvdtrain doctor`."""
+"""Command line: `hvdtrain [train] [--config FILE] [--key value ...]`, `hvdtrain doctor`, `hvdtrain hosts`."""
 from __future__ import annotations
 
 import inspect
@@ -9,6 +9,7 @@ from hvdtrain.errors import UserError
 
 USAGE = """usage: hvdtrain [train] [--config FILE] [--key value ...]
        hvdtrain doctor
+       hvdtrain hosts check FILE | from-env [--format hostfile|H] [-o FILE]
 
 Run under horovodrun for several workers, e.g.
   horovodrun -np 2 -H localhost:2 python -m hvdtrain --model cnn --epochs 5
@@ -89,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             from hvdtrain.doctor import main as doctor_main
 
             return doctor_main()
+        if args and args[0] == "hosts":
+            from hvdtrain.hosts_cli import main as hosts_main
+
+            return hosts_main(args[1:])
         if args and args[0] == "train":
             args = args[1:]
         return train_command(args)

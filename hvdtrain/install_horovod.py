@@ -30,6 +30,8 @@ CXX17_MARKER = "# hvdtrain: C++17 fix for torch >= 2.1"
 EXPECTED_BUILD = ("PyTorch", "MPI", "Gloo")
 # command -> Debian package that provides it
 SYSTEM_TOOLS = {"mpicxx": "libopenmpi-dev", "mpirun": "openmpi-bin", "cmake": "cmake", "g++": "g++"}
+# Needed only by tests (the two-host test runs a real sshd per host); their absence never stops a build.
+TEST_TOOLS = {"/usr/sbin/sshd": "openssh-server"}
 
 
 class InstallError(Exception):
@@ -127,8 +129,8 @@ def parse_check_build(output: str) -> dict[str, bool]:
     return found
 
 
-def missing_tools(which=shutil.which) -> list[str]:
-    return [tool for tool in SYSTEM_TOOLS if which(tool) is None]
+def missing_tools(which=shutil.which, tools: dict[str, str] = SYSTEM_TOOLS) -> list[str]:
+    return [tool for tool in tools if which(tool) is None]
 
 
 # ---------------------------------------------------------------- side effects
@@ -162,23 +164,43 @@ def nccl_present() -> bool:
     return any(Path(d, "nccl.h").exists() for d in ("/usr/include", "/usr/local/cuda/include"))
 
 
+def apt_install(packages: list[str], log: Path) -> bool:
+    say(f"installing system packages with apt: {' '.join(packages)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    return run(["apt-get", "update"], log, env).returncode == 0 and run(
+        ["apt-get", "install", "-y", "--no-install-recommends", *packages], log, env).returncode == 0
+
+
+def can_apt(use_apt: bool) -> bool:
+    return use_apt and os.geteuid() == 0 and shutil.which("apt-get") is not None
+
+
 def ensure_system_tools(log: Path, use_apt: bool = True) -> None:
     missing = missing_tools()
     if not missing:
         return
     packages = sorted({SYSTEM_TOOLS[tool] for tool in missing})
-    if not use_apt or os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if not can_apt(use_apt):
         raise InstallError(f"missing {', '.join(missing)}; install the packages "
                            f"{' '.join(packages)} (e.g. `sudo apt-get install {' '.join(packages)}`)")
-    say(f"installing system packages with apt: {' '.join(packages)}")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    if run(["apt-get", "update"], log, env).returncode != 0 or run(
-            ["apt-get", "install", "-y", "--no-install-recommends", *packages], log, env).returncode != 0:
+    if not apt_install(packages, log):
         raise InstallError(f"apt-get could not install {' '.join(packages)} (no network to the "
                            f"package mirror?); full log: {log}")
     still = missing_tools()
     if still:
         raise InstallError(f"still missing after apt: {', '.join(still)}; full log: {log}")
+
+
+def ensure_test_tools(log: Path, use_apt: bool = True, which=shutil.which) -> list[str]:
+    """Best effort: install what only tests need. Returns what is still missing (those tests skip)."""
+    missing = missing_tools(which, TEST_TOOLS)
+    packages = sorted({TEST_TOOLS[tool] for tool in missing})
+    if missing and can_apt(use_apt) and apt_install(packages, log):
+        missing = missing_tools(which, TEST_TOOLS)
+    if missing:
+        say(f"note: {', '.join(missing)} missing (Debian package {' '.join(packages)}); "
+            f"tests that need it will skip")
+    return missing
 
 
 def download_sdist(python: str, dest: Path, log: Path) -> Path:
@@ -261,6 +283,9 @@ def installed_matches(python: str, torch_version: str) -> bool:
 
 
 def install(python: str, cache_root: Path, force: bool, use_apt: bool = True) -> None:
+    (cache_root / "logs").mkdir(parents=True, exist_ok=True)
+    # Before the early returns below: a machine with Horovod cached may still lack test tools.
+    ensure_test_tools(cache_root / "logs" / "test-tools.log", use_apt)
     torch_version, cuda = probe_torch(python)
     nccl = bool(cuda) and nccl_present()
     py = ".".join(map(str, sys.version_info[:2]))

@@ -118,3 +118,15 @@ def test_bad_torch_spec_leaves_no_venv_claiming_success(tmp_path):
     assert "pip could not install 'torch==0.0.1'" in proc.stderr
     assert "TORCH_SPEC" in proc.stderr
     assert not venv.exists(), "a half-made venv was left behind"
+
+
+def test_missing_test_tools_only_warn_and_name_the_package(tmp_path, capsys):
+    """No sshd and no apt: the build goes on, and the note says which package the skipped test wants."""
+    missing = ih.ensure_test_tools(tmp_path / "log", use_apt=False, which=lambda tool: None)
+    assert missing == ["/usr/sbin/sshd"]
+    assert "openssh-server" in capsys.readouterr().out
+
+
+def test_present_test_tools_install_nothing(tmp_path, capsys):
+    assert ih.ensure_test_tools(tmp_path / "log", use_apt=True, which=lambda tool: tool) == []
+    assert capsys.readouterr().out == ""
