@@ -57,11 +57,12 @@ class Progress:
     position: int = 0           # samples of this epoch's order processed by all ranks together
     step: int = 0               # optimizer steps since the run began (skipped ones included)
     fit_step: int = 0           # steps in the current fit() call; drives the LR schedule
+    total_steps: int = 0        # steps the current fit() call will take in all
     nonfinite: int = 0          # consecutive steps skipped for non-finite gradients
     skipped: int = 0            # all steps skipped for non-finite gradients
     stats: torch.Tensor = field(default_factory=lambda: torch.zeros(3, dtype=torch.float64))
 
-    FIELDS = ("epoch", "position", "step", "fit_step", "nonfinite", "skipped", "stats")
+    FIELDS = ("epoch", "position", "step", "fit_step", "total_steps", "nonfinite", "skipped", "stats")
 
     def values(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.FIELDS}
@@ -99,6 +100,8 @@ class Trainer:
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         optimizer = optimizer or make_optimizer(config, self.model)
         self.progress = Progress()
+        # One-worker LRs as the user built them; a resumed optimizer state carries the scheduled ones.
+        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
 
         # Rank 0 decides the run directory and reads any checkpoint; every rank learns the verdict,
         # so none waits alone, and nothing is written before all input checks passed.
@@ -106,10 +109,12 @@ class Trainer:
         if plan["error"]:
             raise UserError(plan["error"])
         self.run_path: str | None = plan["path"]
-        resumed = resume_state(config, self.run_path, self.model, optimizer, self.progress, world)
-        dist.broadcast_state(self.model, optimizer)        # Horovod: identical start everywhere
-        self.optimizer: Any = dist.wrap_optimizer(optimizer, self.model)  # Horovod's DistributedOptimizer
-        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        # Horovod's wrapper is a new optimizer object: state is loaded into it, not into the original.
+        self.optimizer: Any = dist.wrap_optimizer(optimizer, self.model)
+        resumed = resume_state(config, self.run_path, self.model, self.optimizer, self.progress, world)
+        # A resumed fit() continues the interrupted call's LR schedule instead of starting a new one.
+        self._continue_fit = self.progress.fit_step > 0
+        dist.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
         self.log = RunLog(self.run_path, config) if world.is_root and self.run_path else None
         if self.log and resumed:
             print(f"hvdtrain: {resumed}", flush=True)
@@ -122,40 +127,44 @@ class Trainer:
         self.history = History()
 
     def fit(self, epochs: int | None = None) -> History:
-        """Train until `epochs` (default config.epochs) epochs are done in all; the LR schedule spans this call.
+        """Train. The first call runs up to `epochs` (default config.epochs) epochs in all, continuing a
+        resumed run; each later call trains that many more.
 
         Returns:
             The History of the epochs trained (rank 0's metrics, the same on every rank).
         """
         config, p = self.config, self.progress
-        end_epoch = epochs if epochs is not None and self.history else (epochs or config.epochs)
-        if epochs is not None and self.history:
-            end_epoch = p.epoch + epochs  # fit() again: that many more epochs
+        first_call = not self.history
+        end_epoch = (epochs or config.epochs) + (0 if first_call else p.epoch)
+        if (not p.position and p.epoch >= end_epoch) or (config.max_steps and p.step >= config.max_steps):
+            raise UserError(f"nothing to do: the run already finished {p.epoch} of {end_epoch} epochs "
+                            f"({p.step} steps); raise --epochs (or --max-steps) to train longer")
         if self.log:
             print(f"hvdtrain: {self.world.size} worker(s), {len(self.train_data)} train / "
                   f"{len(self.val_data) if self.val_data is not None else 0} held-out samples, LR x"
                   f"{self.lr_scale:g} ({config.lr_scaling}), run dir {self.log.path}\n{to_yaml(config)}",
                   flush=True)
-        if not p.position and p.epoch >= end_epoch:
-            raise UserError(f"nothing to do: the run already finished epoch {p.epoch} of {end_epoch}; "
-                            "raise --epochs to train longer")
-        todo_steps = (end_epoch - p.epoch) * self.steps_per_epoch
-        total_steps = p.fit_step + min(todo_steps, config.max_steps - p.step if config.max_steps else todo_steps)
+        if not self._continue_fit:
+            done_this_epoch = -(-p.position // (config.batch_size * self.world.size))
+            todo = (end_epoch - p.epoch) * self.steps_per_epoch - done_this_epoch
+            p.fit_step = 0
+            p.total_steps = min(todo, config.max_steps - p.step) if config.max_steps else todo
+        self._continue_fit = False
         start = time.perf_counter()
         if config.elastic:
             state = dist.elastic_state(self.model, self.optimizer, **p.values())
             state.register_reset_callbacks([self._on_reset])
-            dist.run_elastic(self._train)(state, end_epoch, total_steps)
+            dist.run_elastic(self._train)(state, end_epoch)
             for name in Progress.FIELDS:
                 setattr(p, name, getattr(state, name))
         else:
-            self._train(p, end_epoch, total_steps)
+            self._train(p, end_epoch)
         self._finish(time.perf_counter() - start)
         return self.history
 
-    def _train(self, p: Any, end_epoch: int, total_steps: int) -> None:
+    def _train(self, p: Any, end_epoch: int) -> None:
         """The loop. `p` is a Progress, or Horovod's elastic state with the same fields."""
-        config = self.config
+        config, total_steps = self.config, p.total_steps
         warmup_steps = round(config.warmup_epochs * self.steps_per_epoch)
         bar = None
         if self.world.is_root and show_progress():

@@ -21,17 +21,52 @@ def restore_environ():
     os.environ.update(saved)
 
 
+def horovodrun_cmd(np: int, args: list[str], backend: str) -> list[str]:
+    return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
+            "--start-timeout", "120", "--disable-cache", "--network-interfaces", "lo", sys.executable, *args]
+
+
 def horovodrun(np: int, args: list[str], backend: str, timeout: int = 300,
                cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `horovodrun -np N -H localhost:N --gloo|--mpi python ARGS` for real."""
-    horovodrun_bin = BIN / "horovodrun"
-    cmd = [str(horovodrun_bin), "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
-           "--start-timeout", "120", "--disable-cache", "--network-interfaces", "lo"]
-    cmd += [sys.executable, *args]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    proc = subprocess.run(cmd, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
-    return proc
+    return subprocess.run(horovodrun_cmd(np, args, backend), cwd=cwd or ROOT, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def background():
+    """Start horovodrun in its own process group (like a terminal job); the group is killed at the end."""
+    started: list[subprocess.Popen] = []
+
+    def start(np: int, args: list[str], backend: str, log: Path, env: dict[str, str] | None = None):
+        handle = log.open("w")
+        proc = subprocess.Popen(horovodrun_cmd(np, args, backend), cwd=ROOT, stdout=handle,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        kill_tree(proc, 9)
+
+
+def kill_tree(proc: subprocess.Popen, sig: int) -> None:
+    """Signal horovodrun and every process it started (workers run in their own sessions), by PID."""
+    import psutil
+
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for member in family:
+        try:
+            member.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=30)
+    proc.wait(timeout=30)
 
 
 def show(proc: subprocess.CompletedProcess) -> str:

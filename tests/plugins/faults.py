@@ -1,0 +1,56 @@
+"""Test plug-ins that misbehave on purpose: slow steps, a rank that raises, NaN samples.
+
+Used by the fault-tolerance tests through --model/--dataset import paths (tests/plugins on PYTHONPATH).
+Knobs come from environment variables so one file serves every test.
+"""
+import os
+import time
+
+import torch
+from torch import nn
+
+from hvdtrain.data import digits
+from hvdtrain.models import mlp
+
+
+class _Slow(nn.Module):
+    """Sleeps in forward so a test can act mid-epoch; the math is the plain MLP's."""
+
+    def __init__(self, inner: nn.Module, seconds: float) -> None:
+        super().__init__()
+        self.inner, self.seconds = inner, seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.inner(x)
+
+
+def slow_mlp(config, input_shape, num_classes):
+    return _Slow(mlp(config, input_shape, num_classes), float(os.environ.get("FAULTS_SLEEP_S", "0.05")))
+
+
+class _RaiseAt(nn.Module):
+    def __init__(self, inner: nn.Module, rank: int, step: int) -> None:
+        super().__init__()
+        self.inner, self.rank, self.step, self.calls = inner, rank, step, 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.step and int(os.environ.get("HOROVOD_RANK", os.environ.get(
+                    "OMPI_COMM_WORLD_RANK", "0"))) == self.rank:
+                raise RuntimeError(f"planted failure at step {self.step}")
+        return self.inner(x)
+
+
+def raising_mlp(config, input_shape, num_classes):
+    return _RaiseAt(mlp(config, input_shape, num_classes), int(os.environ["FAULTS_RANK"]),
+                    int(os.environ["FAULTS_STEP"]))
+
+
+def digits_with_nan(config):
+    """The digits data with a few NaN images: the steps that meet them must be skipped, not applied."""
+    data = digits(config)
+    inputs = data.train.tensors[0].clone()
+    inputs[:: int(os.environ.get("FAULTS_NAN_EVERY", "300"))] = float("nan")
+    return type(data)(torch.utils.data.TensorDataset(inputs, data.train.tensors[1]), data.val, data.num_classes)

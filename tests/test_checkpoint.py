@@ -1,0 +1,92 @@
+"""Tier 1/2: checkpoint files, the resumable sampler, and resume on one in-process worker."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data.distributed import DistributedSampler
+
+from hvdtrain import checkpoint
+from hvdtrain.errors import UserError
+from hvdtrain.sampling import ShardSampler
+
+
+@pytest.mark.parametrize("n, size", [(10, 1), (10, 3), (1001, 2), (7, 4)])
+def test_shard_sampler_matches_distributed_sampler_from_the_start(n, size):
+    for epoch in range(3):
+        for rank in range(size):
+            ours = ShardSampler(n, rank, size, seed=5)
+            ours.set_epoch(epoch)
+            theirs = DistributedSampler(range(n), num_replicas=size, rank=rank, shuffle=True, seed=5)
+            theirs.set_epoch(epoch)
+            assert list(ours) == list(theirs) and len(ours) == len(theirs)
+
+
+@pytest.mark.parametrize("old_size, new_size", [(2, 2), (3, 2), (2, 3), (1, 4)])
+def test_a_mid_epoch_position_resplits_the_rest_with_no_sample_lost_or_repeated(old_size, new_size):
+    n, batch, steps_done = 1200, 10, 7
+    before = [ShardSampler(n, r, old_size, seed=1) for r in range(old_size)]
+    done = [i for s in before for i in list(s)[:steps_done * batch]]
+    position = steps_done * batch * old_size
+    after = []
+    for rank in range(new_size):
+        sampler = ShardSampler(n, rank, new_size, seed=1)
+        sampler.set_epoch(0, start=position)
+        after += list(sampler)
+    rest = n - position
+    assert len(set(after)) == rest and not set(after) & set(done)
+    assert len(after) - rest < new_size  # only the padding that keeps step counts equal
+    assert sorted(set(done) | set(after)) == list(range(n))
+
+
+def test_save_is_atomic_keeps_the_newest_and_loads_weights_only(tmp_path):
+    for step in (5, 10, 15, 20):
+        checkpoint.save(tmp_path, step, {"model": {"w": torch.full((2,), float(step))}, "progress": {"step": step}},
+                        keep=2)
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == ["ckpt-000000020.pt", "ckpt-000000015.pt"]
+    assert not list(tmp_path.glob(".*.tmp"))
+    payload = checkpoint.load(tmp_path / "ckpt-000000020.pt")
+    assert payload["progress"]["step"] == 20 and torch.equal(payload["model"]["w"], torch.full((2,), 20.0))
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_with_a_note(tmp_path):
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, {"progress": {"step": step}}, keep=5)
+    newest = tmp_path / "ckpt-000000002.pt"
+    newest.write_bytes(newest.read_bytes()[:40])
+    payload, path, notes = checkpoint.find_latest(tmp_path)
+    assert path == tmp_path / "ckpt-000000001.pt" and payload["progress"]["step"] == 1
+    assert len(notes) == 1 and "ckpt-000000002.pt is not a readable hvdtrain checkpoint" in notes[0]
+
+
+def test_a_checkpoint_cannot_run_code(tmp_path):
+    class Sneaky:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    evil = tmp_path / "ckpt-000000001.pt"
+    torch.save({"format": checkpoint.FORMAT, "x": Sneaky()}, evil)
+    with pytest.raises(UserError, match="not a readable hvdtrain checkpoint"):
+        checkpoint.load(evil)
+
+
+def test_other_files_are_refused(tmp_path):
+    plain = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(1)}, plain)
+    with pytest.raises(UserError, match="is not an hvdtrain checkpoint"):
+        checkpoint.load(plain)
+    with pytest.raises(UserError, match="does not exist"):
+        checkpoint.load(tmp_path / "missing.pt")
+
+
+def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    checkpoint.save(tmp_path, 1, {"rng": [checkpoint.rng_state()]}, keep=1)
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    checkpoint.set_rng_state(checkpoint.load(tmp_path / "ckpt-000000001.pt")["rng"][0])
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1] and np.random.rand() == expected[2]

@@ -1,0 +1,169 @@
+"""Tier 3: kill, stop, resume and fail for real under horovodrun; nothing hangs, nothing is lost."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BACKENDS, ROOT, horovodrun, kill_tree, show
+
+PLUGINS = {"PYTHONPATH": str(ROOT / "tests" / "plugins")}
+# 512 samples, 16 per worker per step on 2 workers: 16 steps per epoch, 48 in all.
+JOB = ["-m", "hvdtrain", "--dataset", "synthetic", "--synthetic-samples", "640", "--synthetic-shape", "1,8,8",
+       "--model", "faults:slow_mlp", "--hidden", "32", "--batch-size", "16", "--epochs", "3",
+       "--checkpoint-steps", "5", "--keep-checkpoints", "10", "--threads", "1", "--log-interval", "4"]
+
+
+def wait_for(predicate, timeout: float = 120.0, every: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError("timed out waiting")
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "model.pt", weights_only=True)
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    proc = horovodrun(2, [*JOB, "--run-dir", str(run_dir), "--name", "ref"], "gloo",
+                      env={**PLUGINS, "FAULTS_SLEEP_S": "0"})
+    assert proc.returncode == 0, show(proc)
+    return final_weights(run_dir / "ref")
+
+
+def kill_then_resume(tmp_path, background, when, env=None):
+    log = tmp_path / "first.log"
+    proc = background(2, [*JOB, "--run-dir", str(tmp_path), "--name", "run"], "gloo", log,
+                      env={**PLUGINS, "FAULTS_SLEEP_S": "0.05", **(env or {})})
+    ckpts = tmp_path / "run" / "checkpoints"
+    wait_for(lambda: when(ckpts) or proc.poll() is not None)
+    assert proc.poll() is None, "the job ended before the planned kill:\n" + log.read_text()[-3000:]
+    kill_tree(proc, signal.SIGKILL)  # every rank and the launcher at once, no cleanup
+    return ckpts
+
+
+def resume(tmp_path):
+    proc = horovodrun(2, [*JOB, "--run-dir", str(tmp_path), "--name", "run", "--resume", "auto"], "gloo",
+                      env={**PLUGINS, "FAULTS_SLEEP_S": "0"})
+    assert proc.returncode == 0, show(proc)
+    return proc
+
+
+def test_kill_9_mid_epoch_then_resume_is_exact(tmp_path, background, uninterrupted):
+    # Step 20 is mid-way through the second epoch (steps 17-32).
+    ckpts = kill_then_resume(tmp_path, background, lambda d: (d / "ckpt-000000020.pt").exists())
+    proc = resume(tmp_path)
+    assert "resumed from" in proc.stdout and "exactly where it stopped" in proc.stdout, show(proc)
+    assert any(p.name == "ckpt-000000020.pt" for p in ckpts.iterdir())
+    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted)
+
+
+def test_kill_9_while_rank_0_writes_a_checkpoint_falls_back_to_the_previous(tmp_path, background, uninterrupted):
+    ckpts = kill_then_resume(tmp_path, background, lambda d: d.is_dir() and list(d.glob(".ckpt-000000015.pt.tmp")),
+                             env={"HVDTRAIN_CHECKPOINT_WRITE_DELAY_S": "5"})
+    assert not (ckpts / "ckpt-000000015.pt").exists()  # the half-written one never took a real name
+    assert (ckpts / "ckpt-000000010.pt").exists()
+    proc = resume(tmp_path)
+    assert "resumed from" in proc.stdout and "ckpt-000000010.pt" in proc.stdout, show(proc)
+    assert not list(ckpts.glob(".*.tmp"))
+    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted)
+
+
+def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_used(tmp_path, background, uninterrupted):
+    ckpts = kill_then_resume(tmp_path, background, lambda d: (d / "ckpt-000000025.pt").exists())
+    newest = sorted(ckpts.glob("ckpt-*.pt"))[-1]
+    newest.write_bytes(newest.read_bytes()[:100])
+    proc = resume(tmp_path)
+    assert f"skipping {newest} is not a readable hvdtrain checkpoint" in proc.stdout, show(proc)
+    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted)
+
+
+def test_ctrl_c_stops_all_ranks_with_a_checkpoint_and_resume_finishes(tmp_path, background, uninterrupted):
+    log = tmp_path / "first.log"
+    proc = background(2, [*JOB, "--run-dir", str(tmp_path), "--name", "run"], "gloo", log,
+                      env={**PLUGINS, "FAULTS_SLEEP_S": "0.05"})
+    wait_for(lambda: (tmp_path / "run" / "checkpoints" / "ckpt-000000010.pt").exists())
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the foreground job
+    proc.wait(timeout=60)
+    out = log.read_text()
+    assert proc.returncode != 0
+    assert "[0]<stderr>:hvdtrain: stopped by SIG" in out and "[1]<stderr>:hvdtrain: stopped by SIG" in out, out
+    assert "; checkpoint " in out
+    resume(tmp_path)
+    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted)
+
+
+@BACKENDS
+def test_a_rank_that_raises_ends_the_job_within_60_s_naming_the_rank(tmp_path, backend):
+    start = time.monotonic()
+    proc = horovodrun(2, ["-m", "hvdtrain", "--model", "faults:raising_mlp", "--run-dir", str(tmp_path)], backend,
+                      env={**PLUGINS, "FAULTS_RANK": "1", "FAULTS_STEP": "5"}, timeout=120)
+    assert time.monotonic() - start < 60
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "hvdtrain: error: rank 1 failed: RuntimeError: planted failure at step 5" in out, show(proc)
+
+
+def test_non_finite_steps_are_skipped_on_every_rank(tmp_path):
+    proc = horovodrun(2, ["-m", "hvdtrain", "--dataset", "faults:digits_with_nan", "--run-dir", str(tmp_path),
+                          "--name", "nan"], "gloo", env=PLUGINS)
+    assert proc.returncode == 0, show(proc)
+    import json
+
+    summary = json.loads((tmp_path / "nan" / "summary.json").read_text())
+    assert summary["skipped_steps"] > 0 and summary["val_acc"] >= 0.9
+    assert len(set(summary["param_digests"])) == 1
+
+
+def test_divergence_aborts_every_rank_with_a_clear_message(tmp_path):
+    proc = horovodrun(2, ["-m", "hvdtrain", "--lr", "1e12", "--nonfinite-limit", "3", "--run-dir", str(tmp_path)],
+                      "gloo", timeout=120)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"[{rank}]<stderr>:hvdtrain: error: gradients were not finite for 3 steps in a row" in out, show(proc)
+
+
+@pytest.mark.parametrize("make_bad, message", [
+    (lambda d: d / "nope.pt", "does not exist"),
+    (lambda d: (d / "notes.txt").write_text("hello") and d / "notes.txt", "is not a readable hvdtrain checkpoint"),
+])
+def test_bad_resume_paths_are_one_line_errors_that_write_nothing(tmp_path, make_bad, message):
+    bad = make_bad(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    proc = horovodrun(1, ["-m", "hvdtrain", "--resume", str(bad), "--run-dir", str(tmp_path / "runs"),
+                          "--name", "x"], "gloo", timeout=120)
+    assert proc.returncode != 0 and f"hvdtrain: error: checkpoint {bad}" in proc.stdout + proc.stderr \
+        or message in proc.stdout + proc.stderr, show(proc)
+    assert message in proc.stdout + proc.stderr
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_resuming_a_checkpoint_of_another_model_is_refused_and_overwrites_nothing(tmp_path):
+    first = horovodrun(1, ["-m", "hvdtrain", "--model", "mlp", "--epochs", "1", "--run-dir", str(tmp_path),
+                           "--name", "mlp"], "gloo")
+    assert first.returncode == 0, show(first)
+    ckpt = sorted((tmp_path / "mlp" / "checkpoints").glob("ckpt-*.pt"))[-1]
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    proc = horovodrun(1, ["-m", "hvdtrain", "--model", "cnn", "--resume", str(ckpt), "--run-dir", str(tmp_path),
+                          "--name", "mlp"], "gloo")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"hvdtrain: error: checkpoint {ckpt} does not fit this model/optimizer" in out, show(proc)
+    assert "written with --model mlp" in out
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
