@@ -4,11 +4,16 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from hvdtrain.errors import UserError
 
+if TYPE_CHECKING:
+    from hvdtrain.config import TrainConfig
+
 USAGE = """usage: hvdtrain [train] [--config FILE] [--key value ...]
        hvdtrain doctor
+       hvdtrain spark [--num-proc N] [--start-timeout S] [--config FILE] [--key value ...]
 
 Run under horovodrun for several workers, e.g.
   horovodrun -np 2 -H localhost:2 python -m hvdtrain --model cnn --epochs 5
@@ -27,7 +32,8 @@ def config_help() -> str:
     return "\n".join(lines)
 
 
-def train_command(args: list[str]) -> int:
+def config_from_args(args: list[str]) -> TrainConfig:
+    """`[--config FILE] [--key value ...]` -> the resolved TrainConfig."""
     from hvdtrain.config import load_config
 
     path = None
@@ -45,10 +51,13 @@ def train_command(args: list[str]) -> int:
         else:
             rest.append(args[i])
         i += 1
-    config = load_config(path, rest)
+    return load_config(path, rest)
+
+
+def train_command(args: list[str]) -> int:
     from hvdtrain.trainer import fit
 
-    fit(config)  # Horovod shuts itself down at exit
+    fit(config_from_args(args))  # Horovod shuts itself down at exit
     return 0
 
 
@@ -62,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             from hvdtrain.doctor import main as doctor_main
 
             return doctor_main()
+        if args and args[0] == "spark":
+            from hvdtrain.spark_main import spark_command
+
+            return spark_command(args[1:])
         if args and args[0] == "train":
             args = args[1:]
         return train_command(args)
