@@ -93,7 +93,8 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_proc: in
 
     Rank 0 writes the run directory (config.run_dir, made absolute on the driver). On a cluster that
     path is on the executor that runs rank 0: use shared storage (NFS, a mounted bucket) for run_dir
-    or the files stay on that executor.
+    or the files stay on that executor. A config with threads 0 gets spark.task.cpus torch threads
+    per worker: the cores Spark reserved for each task.
 
     Args:
         config_or_fn: a TrainConfig (trains with `hvdtrain.fit(config)` on every task), or a function
@@ -146,7 +147,9 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_proc: in
             network_interfaces = ["lo"]
         # Workers import what this process can: functions pickled by reference need their modules.
         worker_env = {**(env or {}), "PYTHONPATH": worker_pythonpath(os.environ.get("PYTHONPATH", ""))}
-        results = _run(Guarded(fn, args, kwargs), num_proc, start_timeout, network_interfaces, worker_env)
+        # Horovod would start the workers with this process's Python; the executors' may live elsewhere.
+        results = _run(Guarded(fn, args, kwargs), num_proc, start_timeout, network_interfaces, worker_env,
+                       context.pythonExec)
     finally:
         if created is not None:
             created.stop()
@@ -154,7 +157,7 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_proc: in
 
 
 def _run(guarded: Guarded, num_proc: int, start_timeout: int, nics: list[str] | None,
-         env: dict[str, str]) -> list[Any]:
+         env: dict[str, str], python: str) -> list[Any]:
     try:
         import horovod.spark
         from horovod.runner.common.util.timeout import TimeoutException
@@ -164,11 +167,13 @@ def _run(guarded: Guarded, num_proc: int, start_timeout: int, nics: list[str] | 
     try:
         # Workers' output comes back to this process, prefixed [rank]<stdout>, even from a cluster.
         return horovod.spark.run(guarded, num_proc=num_proc, use_gloo=True, start_timeout=start_timeout,
-                                 nics=nics, env=env, stdout=sys.stdout, stderr=sys.stderr, verbose=0)
-    except TimeoutException as err:
-        raise LaunchError(f"Spark did not start {num_proc} tasks within {start_timeout} s; the session "
-                          "needs that many free task slots (executors x cores / spark.task.cpus), "
-                          f"with dynamic allocation off: {err.message}") from None
+                                 nics=nics, env=env, stdout=sys.stdout, stderr=sys.stderr, verbose=0,
+                                 executable=python)
+    except TimeoutException:
+        raise LaunchError(f"Spark did not run {num_proc} tasks at once within {start_timeout} s: the cluster "
+                          f"needs {num_proc} free task slots (executor cores / spark.task.cpus; with dynamic "
+                          "allocation, enough minExecutors); raise --start-timeout if executors start slowly") \
+            from None
     except RuntimeError as err:  # a worker process died without returning (killed, os._exit, ...)
         raise WorkerError(f"a worker process died: {err}") from None
     except Exception as err:

@@ -28,7 +28,7 @@ def _java() -> str | None:
     return shutil.which("java")
 
 
-pytestmark = pytest.mark.skipif(_java() is None, reason="Spark needs Java 8/11/17 (java on PATH or JAVA_HOME); "
+needs_java = pytest.mark.skipif(_java() is None, reason="Spark needs Java 8/11/17 (java on PATH or JAVA_HOME); "
                                                         "none found, so the Spark tests cannot run here")
 SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
 
@@ -63,6 +63,35 @@ def _raise_on_rank_1():
     return "unreachable"
 
 
+@pytest.mark.parametrize("master, task_cpus, slots", [
+    ("local", 1, 1), ("local[4]", 1, 4), ("local[4]", 2, 2), ("local[*]", 1, 8), ("local[3, 2]", 1, 3),
+    ("local-cluster[2, 3, 1024]", 1, 6), ("spark://head:7077", 1, None), ("yarn", 1, None)])
+def test_local_slots(master, task_cpus, slots):
+    assert hvdtrain.spark.local_slots(master, task_cpus, cpu_count=8) == slots
+
+
+def test_spark_config_makes_run_dir_absolute_and_threads_the_task_cpus(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = hvdtrain.spark._spark_config(hvdtrain.load_config(run_dir="runs"), task_cpus=3)
+    assert config.run_dir == str(tmp_path / "runs") and config.threads == 3
+    config = hvdtrain.spark._spark_config(hvdtrain.load_config(run_dir="", threads=2), task_cpus=3)
+    assert config.run_dir == "" and config.threads == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-proc", "0"], "--num-proc must be a positive integer, got '0'"),
+    (["--num-proc"], "--num-proc needs a number"),
+    (["--start-timeout=soon"], "--start-timeout must be a positive integer, got 'soon'"),
+    (["--epochz", "3"], "unknown config key 'epochz' (did you mean 'epochs'?)"),
+])
+def test_spark_cli_bad_arguments_are_one_line_before_spark_starts(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain", "spark", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 2, show(proc)
+    assert proc.stderr.strip() == f"hvdtrain: error: {message}", show(proc)
+
+
+@needs_java
 def test_too_few_task_slots_fails_in_one_line_before_any_task_starts(spark):
     start = time.monotonic()
     with pytest.raises(LaunchError, match=r"num_proc 3 needs 3 concurrent Spark tasks but master local\[2\]"):
@@ -70,6 +99,7 @@ def test_too_few_task_slots_fails_in_one_line_before_any_task_starts(spark):
     assert time.monotonic() - start < 5
 
 
+@needs_java
 def test_a_failing_function_on_one_spark_task_names_its_rank_within_90_s(spark):
     start = time.monotonic()
     with pytest.raises(WorkerError) as err:
@@ -80,6 +110,7 @@ def test_a_failing_function_on_one_spark_task_names_its_rank_within_90_s(spark):
     assert "_raise_on_rank_1" in err.value.remote_traceback
 
 
+@needs_java
 def test_default_job_on_two_spark_tasks_matches_horovodrun(spark, tmp_path):
     """Runs after the failure above: the same session trains fine. Then the same job under horovodrun."""
     history = hvdtrain.spark.fit(hvdtrain.load_config(run_dir=str(tmp_path), name="spark"), num_proc=2,
@@ -100,6 +131,7 @@ def test_default_job_on_two_spark_tasks_matches_horovodrun(spark, tmp_path):
     assert launched.summary["param_digests"] == digests
 
 
+@needs_java
 def test_spark_submit_trains_a_plugin_with_the_entry_file(tmp_path):
     """The cluster form, on a local master: spark-submit runs hvdtrain/spark_main.py."""
     submit = Path(sys.executable).parent / "spark-submit"
@@ -116,6 +148,7 @@ def test_spark_submit_trains_a_plugin_with_the_entry_file(tmp_path):
     assert summary["val_acc"] >= 0.95 and len(set(summary["param_digests"])) == 1, summary
 
 
+@needs_java
 def test_cli_starts_a_local_session_and_reports_a_worker_user_error_in_one_line(tmp_path):
     env = dict(os.environ, **SPARK_ENV, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "hvdtrain", "spark", "--num-proc", "2", "--model",
