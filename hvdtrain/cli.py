@@ -4,12 +4,17 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from hvdtrain.errors import UserError
+
+if TYPE_CHECKING:
+    from hvdtrain.config import TrainConfig
 
 USAGE = """usage: hvdtrain [train] [--config FILE] [--key value ...]
        hvdtrain doctor
        hvdtrain hosts check FILE | from-env [--format hostfile|H] [-o FILE]
+       hvdtrain spark [--num-proc N] [--start-timeout S] [--config FILE] [--key value ...]
 
 Run under horovodrun for several workers, e.g.
   horovodrun -np 2 -H localhost:2 python -m hvdtrain --model cnn --epochs 5
@@ -28,7 +33,8 @@ def config_help() -> str:
     return "\n".join(lines)
 
 
-def train_command(args: list[str]) -> int:
+def config_from_args(args: list[str]) -> TrainConfig:
+    """`[--config FILE] [--key value ...]` -> the resolved TrainConfig."""
     from hvdtrain.config import load_config
 
     path = None
@@ -46,10 +52,14 @@ def train_command(args: list[str]) -> int:
         else:
             rest.append(args[i])
         i += 1
-    config = load_config(path, rest)
+    return load_config(path, rest)
+
+
+def train_command(args: list[str]) -> int:
     from hvdtrain.stopping import STOP, Stopped
     from hvdtrain.trainer import fit
 
+    config = config_from_args(args)
     STOP.install()
     try:
         fit(config)  # Horovod shuts itself down at exit
@@ -94,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             from hvdtrain.hosts_cli import main as hosts_main
 
             return hosts_main(args[1:])
+        if args and args[0] == "spark":
+            from hvdtrain.spark_main import spark_command
+
+            return spark_command(args[1:])
         if args and args[0] == "train":
             args = args[1:]
         return train_command(args)
