@@ -57,12 +57,11 @@ class Progress:
     position: int = 0           # samples of this epoch's order processed by all ranks together
     step: int = 0               # optimizer steps since the run began (skipped ones included)
     fit_step: int = 0           # steps in the current fit() call; drives the LR schedule
-    total_steps: int = 0        # steps the current fit() call will take in all
     nonfinite: int = 0          # consecutive steps skipped for non-finite gradients
     skipped: int = 0            # all steps skipped for non-finite gradients
     stats: torch.Tensor = field(default_factory=lambda: torch.zeros(3, dtype=torch.float64))
 
-    FIELDS = ("epoch", "position", "step", "fit_step", "total_steps", "nonfinite", "skipped", "stats")
+    FIELDS = ("epoch", "position", "step", "fit_step", "nonfinite", "skipped", "stats")
 
     def values(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.FIELDS}
@@ -145,10 +144,7 @@ class Trainer:
                   f"{self.lr_scale:g} ({config.lr_scaling}), run dir {self.log.path}\n{to_yaml(config)}",
                   flush=True)
         if not self._continue_fit:
-            done_this_epoch = -(-p.position // (config.batch_size * self.world.size))
-            todo = (end_epoch - p.epoch) * self.steps_per_epoch - done_this_epoch
             p.fit_step = 0
-            p.total_steps = min(todo, config.max_steps - p.step) if config.max_steps else todo
         self._continue_fit = False
         start = time.perf_counter()
         if config.elastic:
@@ -164,7 +160,13 @@ class Trainer:
 
     def _train(self, p: Any, end_epoch: int) -> None:
         """The loop. `p` is a Progress, or Horovod's elastic state with the same fields."""
-        config, total_steps = self.config, p.total_steps
+        config = self.config
+        # Planned here, not once: after an elastic reset the same epochs take a different number of steps.
+        done_this_epoch = -(-p.position // (config.batch_size * self.world.size))
+        todo = (end_epoch - p.epoch) * self.steps_per_epoch - done_this_epoch
+        if config.max_steps:
+            todo = min(todo, config.max_steps - p.step)
+        total_steps = p.fit_step + todo
         warmup_steps = round(config.warmup_epochs * self.steps_per_epoch)
         bar = None
         if self.world.is_root and show_progress():
@@ -173,7 +175,7 @@ class Trainer:
             bar = tqdm(total=total_steps, initial=p.fit_step, unit="step", leave=False)
         self.model.train()
         lr_factor = 1.0
-        while p.epoch < end_epoch and p.fit_step < total_steps:
+        while p.epoch < end_epoch and not (config.max_steps and p.step >= config.max_steps):
             # Horovod: every rank shuffles alike (seed + epoch) and resumes at the same global position.
             self.sampler.set_epoch(p.epoch, start=p.position)
             epoch_start = time.perf_counter()
@@ -203,7 +205,7 @@ class Trainer:
                     self._checkpoint(p)
                 if config.elastic and p.step % config.commit_steps == 0:
                     p.commit()                              # Horovod: may raise to admit new hosts
-                if p.fit_step >= total_steps:
+                if config.max_steps and p.step >= config.max_steps:
                     break
             finished_epoch = p.position >= len(self.train_data)
             self._end_epoch(p, lr_factor, time.perf_counter() - epoch_start, bar)
@@ -252,7 +254,10 @@ class Trainer:
         record = {"kind": "epoch", "epoch": p.epoch, "step": p.step, "lr": self.base_lrs[0] * lr_factor,
                   "train_loss": ratio(total[0], total[2]), "train_acc": ratio(total[1], total[2]),
                   **self.evaluate(), "samples_per_s": float(total[2].item()) / seconds, "epoch_time_s": seconds}
-        self.history.append(record)
+        if self.history and self.history[-1]["epoch"] == record["epoch"]:
+            self.history[-1] = record  # elastic: the epoch's end was redone after a failure
+        else:
+            self.history.append(record)
         if self.log:
             self.log.epoch(record, bar)
         if total[3] > 0:
@@ -280,6 +285,7 @@ class Trainer:
         """Elastic: workers joined or left. Re-shard the rest of the epoch and rescale the LR."""
         self.world = dist.world()
         self.sampler.reshard(self.world.rank, self.world.size)
+        self.steps_per_epoch = steps_per_epoch(len(self.train_data), self.world.size, self.config.batch_size)
         self.lr_scale = scaled_lr(1.0, self.world.size, self.config.lr_scaling)
         if self.world.is_root and self.log is None and self.run_path:
             self.log = RunLog(self.run_path, self.config)  # rank 0 may now be another process

@@ -1,0 +1,183 @@
+"""Tier 3: elastic training for real (Gloo, one machine, hosts `localhost` and `127.0.0.1`).
+
+A worker is killed, or a host leaves the discovery output and comes back; the run must finish,
+reach the accuracy target, and train every sample of the disrupted epoch exactly once counting from
+the last commit. The probe plug-in (tests/plugins/elastic_probe.py) logs the samples of every step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import BIN, ROOT, kill_tree
+
+THREE_HOSTS = "localhost:2\n127.0.0.1:1\n"
+TRAIN_SAMPLES = 1438  # digits minus the held-out 20%
+
+
+def start_elastic(tmp_path: Path, extra: list[str]) -> tuple[subprocess.Popen, Path]:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(THREE_HOSTS)
+    cmd = [str(BIN / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
+           "--host-discovery-script", str(ROOT / "hostfiles" / "discover-hosts.sh"), "--gloo",
+           "--network-interfaces", "lo", "--gloo-timeout-seconds", "5", "--start-timeout", "120",
+           "--disable-cache", sys.executable, "-m", "hvdtrain", "--elastic", "true",
+           "--dataset", "elastic_probe:indexed_digits", "--model", "elastic_probe:probe_mlp", "--hidden", "256",
+           "--epochs", "12", "--batch-size", "16", "--commit-steps", "5", "--threads", "1",
+           "--run-dir", str(tmp_path), "--name", "elastic", *extra]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HVDTRAIN_HOSTS_FILE=str(hosts),
+               PYTHONPATH=str(ROOT / "tests" / "plugins"), ELASTIC_PROBE_LOG=str(tmp_path / "probe"))
+    log = (tmp_path / "horovodrun.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, hosts
+
+
+@pytest.fixture
+def elastic_job(tmp_path):
+    started: list[subprocess.Popen] = []
+
+    def start(extra: list[str] | None = None):
+        proc, hosts = start_elastic(tmp_path, extra or [])
+        started.append(proc)
+        return proc, hosts
+
+    yield start
+    for proc in started:
+        kill_tree(proc, signal.SIGKILL)
+
+
+def probe_lines(tmp_path: Path) -> list[dict]:
+    lines = []
+    for file in tmp_path.glob("probe.*"):
+        pid = file.suffix
+        lines += [{**json.loads(line), "pid": pid} for line in file.read_text().splitlines() if line.strip()]
+    return sorted(lines, key=lambda r: r["t"])
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def effective_steps(lines: list[dict]) -> dict[int, list[int]]:
+    """Samples of each step that counted: a redone step replaces what the rolled-back one trained.
+
+    A worker's step counter only goes back when Horovod restored the last commit, so each drop starts
+    a new attempt; a worker that joins later starts in the attempt running when it joined.
+    """
+    attempt: dict[str, int] = {}
+    previous: dict[str, int] = {}
+    latest = 0
+    tagged = []
+    for line in lines:
+        pid = line["pid"]
+        if pid not in attempt:
+            attempt[pid] = latest
+        elif line["call"] <= previous[pid]:
+            attempt[pid] += 1
+            latest = max(latest, attempt[pid])
+        previous[pid] = line["call"]
+        tagged.append((attempt[pid], line))
+    last_attempt = {}
+    for tries, line in tagged:
+        last_attempt[line["call"]] = max(last_attempt.get(line["call"], 0), tries)
+    steps: dict[int, list[int]] = defaultdict(list)
+    for tries, line in tagged:
+        if tries == last_attempt[line["call"]]:
+            steps[line["call"]] += line["idx"]
+    return steps
+
+
+def epoch_coverage(run: Path, steps: dict[int, list[int]]) -> list[tuple[int, list[int], list[int]]]:
+    """Per epoch: (epoch, missing samples, repeated samples beyond the last step's padding)."""
+    ends = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "epoch":
+            ends[record["epoch"]] = record["step"]  # a redone epoch end overwrites the earlier one
+    result, start = [], 0
+    for epoch in sorted(ends):
+        counts: dict[int, int] = defaultdict(int)
+        for call in range(start + 1, ends[epoch] + 1):
+            for i in steps.get(call, []):
+                counts[i] += 1
+        last = set(steps.get(ends[epoch], []))
+        missing = [i for i in range(TRAIN_SAMPLES) if counts[i] == 0]
+        # Equal step counts need the last batch padded by wrapping around; only those may repeat.
+        repeated = [i for i, n in counts.items() if n > 1 and not (n == 2 and i in last)]
+        result.append((epoch, missing, repeated))
+        start = ends[epoch]
+    return result
+
+
+def worker_on(proc: subprocess.Popen, host: str) -> psutil.Process:
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            env = child.environ()
+            if env.get("HOROVOD_HOSTNAME") == host and "hvdtrain" in " ".join(child.cmdline()):
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no worker for host {host}")
+
+
+def finished(proc: subprocess.Popen, tmp_path: Path, timeout: float = 300) -> dict:
+    proc.wait(timeout=timeout)
+    log = (tmp_path / "horovodrun.log").read_text()
+    assert proc.returncode == 0, log[-6000:]
+    return json.loads((tmp_path / "elastic" / "summary.json").read_text())
+
+
+def test_killing_a_worker_mid_epoch_recovers_fast_and_loses_no_sample(tmp_path, elastic_job):
+    proc, _ = elastic_job()
+    wait_until(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")  # ~30 steps per epoch
+    victim = worker_on(proc, "127.0.0.1")
+    before = max(line["call"] for line in probe_lines(tmp_path))
+    killed_at = time.time()
+    victim.send_signal(signal.SIGKILL)
+    summary = finished(proc, tmp_path)
+    assert summary["workers"] == 2 and summary["val_acc"] >= 0.95, summary
+    assert len(set(summary["param_digests"])) == 1
+    lines = probe_lines(tmp_path)
+    redone = [line for line in lines if line["t"] > killed_at and line["call"] <= before]
+    assert redone, "no step was redone from the last commit"
+    assert redone[0]["t"] - killed_at < 15, f"training resumed {redone[0]['t'] - killed_at:.1f} s after the kill"
+    for epoch, missing, repeated in epoch_coverage(tmp_path / "elastic", effective_steps(lines)):
+        assert not missing and not repeated, (epoch, missing[:10], repeated[:10])
+
+
+def test_a_host_leaving_and_coming_back_shrinks_and_regrows_with_exact_epochs(tmp_path, elastic_job):
+    proc, hosts = elastic_job()
+    wait_until(lambda: len(probe_lines(tmp_path)) > 3 * 40, 180, "the second epoch")
+    hosts.write_text("localhost:2\n")
+    wait_until(lambda: not any(p.environ().get("HOROVOD_HOSTNAME") == "127.0.0.1"
+                               for p in psutil.Process(proc.pid).children(recursive=True)
+                               if _alive(p)), 120, "the host to leave")
+    shrunk_at = len(probe_lines(tmp_path))
+    wait_until(lambda: len(probe_lines(tmp_path)) > shrunk_at + 2 * 20, 120, "training on 2 workers")
+    hosts.write_text(THREE_HOSTS)
+    summary = finished(proc, tmp_path)
+    assert summary["workers"] == 3 and summary["val_acc"] >= 0.95, summary
+    assert len(set(summary["param_digests"])) == 1 and len(summary["param_digests"]) == 3
+    for epoch, missing, repeated in epoch_coverage(tmp_path / "elastic", effective_steps(probe_lines(tmp_path))):
+        assert not missing and not repeated, (epoch, missing[:10], repeated[:10])
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        process.environ()
+        return True
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
