@@ -1,8 +1,8 @@
 """Tier 3: elastic training for real (Gloo, one machine, hosts `localhost` and `127.0.0.1`).
 
-A worker is killed, or a host leaves the discovery output and comes back; the run must finish,
-reach the accuracy target, and train every sample of the disrupted epoch exactly once counting from
-the last commit. The probe plug-in (tests/plugins/elastic_probe.py) logs the samples of every step.
+A worker is killed mid-epoch; the run must recover within seconds, finish on the survivors, reach
+the accuracy target, and train every sample of the disrupted epoch exactly once counting from the
+last commit. The probe plug-in (tests/plugins/elastic_probe.py) logs the samples of every step.
 """
 from __future__ import annotations
 
@@ -23,16 +23,16 @@ THREE_HOSTS = "localhost:2\n127.0.0.1:1\n"
 TRAIN_SAMPLES = 1438  # digits minus the held-out 20%
 
 
-def start_elastic(tmp_path: Path, extra: list[str]) -> tuple[subprocess.Popen, Path]:
+def start_elastic(tmp_path: Path, launcher_args: list[str], gloo_timeout: int) -> tuple[subprocess.Popen, Path]:
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(THREE_HOSTS)
-    cmd = [str(BIN / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
+    cmd = [str(BIN / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3", *launcher_args,
            "--host-discovery-script", str(ROOT / "hostfiles" / "discover-hosts.sh"), "--gloo",
-           "--network-interfaces", "lo", "--gloo-timeout-seconds", "5", "--start-timeout", "120",
+           "--network-interfaces", "lo", "--gloo-timeout-seconds", str(gloo_timeout), "--start-timeout", "120",
            "--disable-cache", sys.executable, "-m", "hvdtrain", "--elastic", "true",
            "--dataset", "elastic_probe:indexed_digits", "--model", "elastic_probe:probe_mlp", "--hidden", "256",
            "--epochs", "12", "--batch-size", "16", "--commit-steps", "5", "--threads", "1",
-           "--run-dir", str(tmp_path), "--name", "elastic", *extra]
+           "--run-dir", str(tmp_path), "--name", "elastic"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HVDTRAIN_HOSTS_FILE=str(hosts),
                PYTHONPATH=str(ROOT / "tests" / "plugins"), ELASTIC_PROBE_LOG=str(tmp_path / "probe"))
     log = (tmp_path / "horovodrun.log").open("w")
@@ -44,8 +44,8 @@ def start_elastic(tmp_path: Path, extra: list[str]) -> tuple[subprocess.Popen, P
 def elastic_job(tmp_path):
     started: list[subprocess.Popen] = []
 
-    def start(extra: list[str] | None = None):
-        proc, hosts = start_elastic(tmp_path, extra or [])
+    def start(launcher_args: list[str] | None = None, gloo_timeout: int = 5):
+        proc, hosts = start_elastic(tmp_path, launcher_args or [], gloo_timeout)
         started.append(proc)
         return proc, hosts
 
@@ -156,28 +156,3 @@ def test_killing_a_worker_mid_epoch_recovers_fast_and_loses_no_sample(tmp_path, 
     assert redone[0]["t"] - killed_at < 15, f"training resumed {redone[0]['t'] - killed_at:.1f} s after the kill"
     for epoch, missing, repeated in epoch_coverage(tmp_path / "elastic", effective_steps(lines)):
         assert not missing and not repeated, (epoch, missing[:10], repeated[:10])
-
-
-def test_a_host_leaving_and_coming_back_shrinks_and_regrows_with_exact_epochs(tmp_path, elastic_job):
-    proc, hosts = elastic_job()
-    wait_until(lambda: len(probe_lines(tmp_path)) > 3 * 40, 180, "the second epoch")
-    hosts.write_text("localhost:2\n")
-    wait_until(lambda: not any(p.environ().get("HOROVOD_HOSTNAME") == "127.0.0.1"
-                               for p in psutil.Process(proc.pid).children(recursive=True)
-                               if _alive(p)), 120, "the host to leave")
-    shrunk_at = len(probe_lines(tmp_path))
-    wait_until(lambda: len(probe_lines(tmp_path)) > shrunk_at + 2 * 20, 120, "training on 2 workers")
-    hosts.write_text(THREE_HOSTS)
-    summary = finished(proc, tmp_path)
-    assert summary["workers"] == 3 and summary["val_acc"] >= 0.95, summary
-    assert len(set(summary["param_digests"])) == 1 and len(summary["param_digests"]) == 3
-    for epoch, missing, repeated in epoch_coverage(tmp_path / "elastic", effective_steps(probe_lines(tmp_path))):
-        assert not missing and not repeated, (epoch, missing[:10], repeated[:10])
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        process.environ()
-        return True
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
