@@ -16,6 +16,7 @@ from hvdtrain.schedule import DECAYS
 LR_SCALINGS = ("none", "linear", "sqrt")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DEVICES = ("auto", "cpu", "cuda")
+MP_CONTEXTS = ("forkserver", "spawn", "fork")
 
 
 @dataclass(frozen=True)
@@ -52,17 +53,24 @@ class TrainConfig:
     nonfinite_limit: int = 5        # skip steps whose averaged gradients are not finite; abort after N in a row
     elastic: bool = False           # elastic training under horovodrun --min-np/--max-np (Gloo)
     commit_steps: int = 10          # elastic: steps between state commits (work redone after a failure)
+    stages: int = 1                 # model parallel: split an nn.Sequential model into K stages, one device each
+    stage_split: tuple[int, ...] = ()  # layers per stage, e.g. 3,5; empty = balanced by parameter count
+    micro_batches: int = 1          # model parallel: pieces per batch so stages overlap (GPipe fill/drain)
+    workers: int = 0                # data loader worker processes per rank; 0 = load in the training process
+    prefetch_factor: int = 2        # batches each loader worker prepares ahead (workers > 0)
+    persistent_workers: bool = True  # keep loader workers alive across epochs (workers > 0)
+    mp_context: str = "forkserver"  # loader workers' start method: forkserver (fork-safe), spawn or fork
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples",
                     "num_classes", "log_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
-        for key in ("keep_checkpoints", "commit_steps"):
+        for key in ("keep_checkpoints", "commit_steps", "stages", "micro_batches", "prefetch_factor"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum", "checkpoint_epochs",
-                    "checkpoint_steps", "nonfinite_limit"):
+                    "checkpoint_steps", "nonfinite_limit", "workers"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.lr <= 0:
@@ -75,6 +83,10 @@ class TrainConfig:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("lr_decay", self.lr_decay, DECAYS)
         _check_choice("device", self.device, DEVICES)
+        _check_choice("mp_context", self.mp_context, MP_CONTEXTS)
+        if self.stage_split and (len(self.stage_split) != self.stages or min(self.stage_split) < 1):
+            raise ConfigError(f"stage_split must give a positive layer count for each of the {self.stages} "
+                              f"stages, got {self.stage_split}")
         if self.resume == "auto" and not (self.name and self.run_dir):
             raise ConfigError("resume auto needs the run to resume: pass --name NAME (and a --run-dir)")
         if "/" in self.name or self.name in (".", ".."):
@@ -83,6 +95,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["synthetic_shape"] = list(self.synthetic_shape)
+        data["stage_split"] = list(self.stage_split)
         return data
 
 
@@ -126,7 +139,7 @@ def coerce(key: str, value: Any) -> Any:
             if value is None:
                 return ""
         else:  # tuple[int, ...]
-            items = value.split(",") if from_cli else value
+            items = [item for item in value.split(",") if item.strip()] if from_cli else value
             if isinstance(items, (list, tuple)):
                 return tuple(int(item) for item in items)
     except (TypeError, ValueError):

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from hvdtrain import checkpoint, dist
 from hvdtrain.config import TrainConfig, to_yaml
@@ -18,7 +17,9 @@ from hvdtrain.data import build_data, check_fits, steps_per_epoch
 from hvdtrain.errors import UserError
 from hvdtrain.evaluation import batch_stats, evaluate, param_digest, predict, ratio
 from hvdtrain.history import History
+from hvdtrain.loading import build_loader
 from hvdtrain.models import build_model
+from hvdtrain.pipeline import place
 from hvdtrain.resume import resume_state
 from hvdtrain.runlog import RunLog, plan_run_dir
 from hvdtrain.sampling import ShardSampler
@@ -92,10 +93,12 @@ class Trainer:
         self.world = world = dist.init()
         # Each worker gets its share of this host's cores; oversubscription makes every rank slower.
         torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // world.local_size))
-        self.device = pick_device(config.device, world.local_rank)
+        # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.
+        self.device = pick_device(config.device, world.local_rank * config.stages)
         check_fits(len(train_data), world.size)
         self.train_data, self.val_data = train_data, val_data
-        self.model = model.to(self.device)
+        self.model = place(model, self.device, local_rank=world.local_rank, local_size=world.local_size,
+                           stages=config.stages, split=config.stage_split, micro_batches=config.micro_batches)
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         optimizer = optimizer or make_optimizer(config, self.model)
         self.progress = Progress()
@@ -119,8 +122,7 @@ class Trainer:
             print(f"hvdtrain: {resumed}", flush=True)
 
         self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
-        self.loader = DataLoader(train_data, batch_size=config.batch_size, sampler=self.sampler,
-                                 pin_memory=self.device.type == "cuda")
+        self.loader = build_loader(train_data, self.sampler, config, world.rank, self.device)
         self.steps_per_epoch = steps_per_epoch(len(train_data), world.size, config.batch_size)
         self.lr_scale = scaled_lr(1.0, world.size, config.lr_scaling)
         self.history = History()
