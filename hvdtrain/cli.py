@@ -1,4 +1,4 @@
-"""Command line: `hvdtrain [train] [--config FILE] [--key value ...]`, `hvdtrain doctor`, `hvdtrain hosts`."""
+"""Command line: `hvdtrain [train] [--config FILE] [--key value ...]`, `predict`, `doctor`, `hosts`, `spark`."""
 from __future__ import annotations
 
 import inspect
@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from hvdtrain.config import TrainConfig
 
 USAGE = """usage: hvdtrain [train] [--config FILE] [--key value ...]
+       hvdtrain predict --checkpoint FILE --out FILE [--dataset NAME] [--split val|train] [--procs N]
        hvdtrain doctor
        hvdtrain hosts check FILE | from-env [--format hostfile|H] [-o FILE]
        hvdtrain spark [--num-proc N] [--start-timeout S] [--config FILE] [--key value ...]
@@ -104,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             from hvdtrain.hosts_cli import main as hosts_main
 
             return hosts_main(args[1:])
+        if args and args[0] == "predict":
+            from hvdtrain.predict_cli import predict_command
+
+            return predict_command(args[1:])
         if args and args[0] == "spark":
             from hvdtrain.spark_main import spark_command
 

@@ -18,7 +18,7 @@ CPU = torch.device("cpu")
 def test_balanced_split_is_contiguous_non_empty_and_even():
     assert balanced_split([0, 100, 0, 100, 0, 10], 2) == [3, 3]
     assert balanced_split([10, 10, 10, 10], 4) == [1, 1, 1, 1]
-    assert balanced_split([1000, 0, 0, 1], 3) == [2, 1, 1]   # a heavy first layer still leaves a layer for each later stage
+    assert balanced_split([1000, 0, 0, 1], 3) == [2, 1, 1]   # a layer left for each later stage
     with pytest.raises(UserError, match="cannot split a model of 2 layers into 3 stages"):
         balanced_split([1, 1], 3)
 

@@ -1,0 +1,79 @@
+"""`hvdtrain predict`: sharded inference under horovodrun, a local process pool, and one process."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, horovodrun, show
+
+from hvdtrain.config import load_config, to_yaml
+from hvdtrain.data import build_data
+from hvdtrain.models import build_model
+from hvdtrain.predict_cli import interleave
+
+# 2002 samples, half held out: 1001 predictions, shards of 334/334/333 over 3 ranks.
+JOB = dict(dataset="synthetic", synthetic_samples=2002, val_fraction=0.5, synthetic_shape=(10,), model="mlp",
+           hidden=16)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A checkpoint and a model.pt + config.yaml of the same weights, and the expected outputs."""
+    root = tmp_path_factory.mktemp("predict")
+    config = load_config(**JOB)
+    data = build_data(config)
+    torch.manual_seed(123)  # not the config seed: the file's weights, not a rebuilt init, must be used
+    model = build_model(config, (10,), data.num_classes)
+    torch.save({"format": "hvdtrain-checkpoint-1", "model": model.state_dict(), "config": config.to_dict()},
+               root / "ckpt-000000010.pt")
+    (root / "run").mkdir()
+    torch.save(model.state_dict(), root / "run" / "model.pt")
+    (root / "run" / "config.yaml").write_text(to_yaml(config))
+    inputs = torch.stack([data.val[i][0] for i in range(len(data.val))])
+    with torch.no_grad():
+        expected = model.eval()(inputs)
+    assert len(expected) == 1001
+    return root, expected
+
+
+def run_predict(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvdtrain", "predict", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_three_ranks_write_1001_outputs_in_order(trained, tmp_path):
+    root, expected = trained
+    out = tmp_path / "three.pt"
+    proc = horovodrun(3, ["-m", "hvdtrain", "predict", "--checkpoint", str(root / "ckpt-000000010.pt"),
+                          "--out", str(out), "--batch-size", "100"], "gloo")
+    assert proc.returncode == 0, show(proc)
+    assert proc.stdout.count("wrote 1001 predictions") == 1, show(proc)  # rank 0 only
+    outputs = torch.load(out, weights_only=True)
+    assert outputs.shape == expected.shape
+    torch.testing.assert_close(outputs, expected, atol=1e-6, rtol=0)
+
+
+def test_one_process_and_a_process_pool_agree(trained, tmp_path):
+    root, expected = trained
+    one = run_predict("--checkpoint", str(root / "ckpt-000000010.pt"), "--out", str(tmp_path / "one.pt"))
+    assert one.returncode == 0, show(one)
+    torch.testing.assert_close(torch.load(tmp_path / "one.pt", weights_only=True), expected, atol=1e-6, rtol=0)
+    pool = run_predict("--checkpoint", str(root / "run" / "model.pt"), "--out", str(tmp_path / "pool.npy"),
+                       "--procs", "3", "--batch-size", "64")
+    assert pool.returncode == 0, show(pool)
+    assert "wrote 1001 predictions" in pool.stdout and "3 processes" in pool.stdout
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "pool.npy")), expected, atol=1e-6, rtol=0)
+
+
+def test_interleave_restores_the_order_of_uneven_shards():
+    shards = [torch.tensor([0, 3, 6]), torch.tensor([1, 4]), torch.tensor([2, 5])]
+    assert interleave(shards).tolist() == list(range(7))
+
+
+def test_missing_checkpoint_is_one_line(tmp_path):
+    proc = run_predict("--checkpoint", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "o.pt"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"hvdtrain: error: checkpoint {tmp_path / 'nope.pt'} does not exist"], show(proc)
