@@ -74,3 +74,17 @@ def test_a_list_of_stages_and_errors():
         Pipeline(nn.Linear(2, 2), [CPU] * 2)
     with pytest.raises(UserError, match=r"stage split \(1, 1\) does not cut 3 layers"):
         Pipeline(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)), [CPU] * 2, split=(1, 1))
+
+
+def test_trainer_runs_a_pipeline_in_one_real_worker():
+    from hvdtrain import dist
+    from hvdtrain.data import build_data
+    from hvdtrain.trainer import Trainer
+
+    dist.init()
+    config = load_config(model="mlp", hidden=32, stages=3, micro_batches=2, max_steps=5, run_dir="", threads=1)
+    data = build_data(config)
+    trainer = Trainer(build_model(config, (1, 8, 8), 10), data.train, data.val, config=config)
+    assert isinstance(trainer.model, Pipeline) and len(trainer.model.stage_names) == 3
+    summary = trainer.fit().summary
+    assert summary["steps"] == 5 and summary["val_samples"] == 359
