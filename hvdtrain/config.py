@@ -84,6 +84,9 @@ class TrainConfig:
         _check_choice("lr_decay", self.lr_decay, DECAYS)
         _check_choice("device", self.device, DEVICES)
         _check_choice("mp_context", self.mp_context, MP_CONTEXTS)
+        if self.micro_batches > 1 and self.stages == 1:
+            raise ConfigError(f"micro_batches {self.micro_batches} needs a model split into stages: pass --stages 2 "
+                              "or more")
         if self.stage_split and (len(self.stage_split) != self.stages or min(self.stage_split) < 1):
             raise ConfigError(f"stage_split must give a positive layer count for each of the {self.stages} "
                               f"stages, got {self.stage_split}")

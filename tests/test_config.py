@@ -1,6 +1,8 @@
 """Tier 1: the config dataclass, YAML loading and overrides (no Horovod)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hvdtrain.config import TrainConfig, load_config, parse_overrides, to_yaml
@@ -74,3 +76,21 @@ def test_bool_is_not_an_integer(tmp_path):
 
 def test_parse_overrides_accepts_both_spellings():
     assert parse_overrides(["--max-steps", "5", "--log_interval=2"]) == {"max_steps": "5", "log_interval": "2"}
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"stages": 0}, "stages must be > 0, got 0"),
+    ({"micro_batches": 4}, "micro_batches 4 needs a model split into stages"),
+    ({"stages": 2, "stage_split": (3,)}, "stage_split must give a positive layer count for each of the 2 stages"),
+    ({"workers": -1}, "workers must be >= 0, got -1"),
+    ({"mp_context": "threads"}, "mp_context must be one of forkserver, spawn, fork; got 'threads'"),
+])
+def test_parallelism_fields_are_validated(values, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(**values)
+
+
+def test_stage_split_from_the_command_line_and_back():
+    config = load_config(None, ["--stages", "2", "--stage-split", "3,5", "--micro-batches", "4"])
+    assert config.stage_split == (3, 5) and to_yaml(config).count("stage_split") == 1
+    assert load_config(None, ["--stage-split", ""]).stage_split == ()

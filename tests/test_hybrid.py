@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import torch
-from conftest import ROOT, horovodrun, show
+from conftest import BACKENDS, ROOT, horovodrun, show
 
 EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction", "0.2",
          "--synthetic-shape", "1,8,8", "--model", "mlp", "--hidden", "32", "--lr", "0.05",
@@ -14,14 +14,15 @@ EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction
          "--threads", "1"]
 
 
-def test_two_workers_by_two_stages_equal_one_process_with_the_global_batch(tmp_path):
+@BACKENDS
+def test_two_workers_by_two_stages_equal_one_process_with_the_global_batch(tmp_path, backend):
     single = subprocess.run([sys.executable, "-m", "hvdtrain", *EQUIV, "--batch-size", "32",
                              "--run-dir", str(tmp_path), "--name", "one"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, show(single)
     # Each worker: the MLP in 2 stages, 4 micro-batches of its 16 samples, loaded by 2 worker processes.
     proc = horovodrun(2, ["-m", "hvdtrain", *EQUIV, "--batch-size", "16", "--stages", "2", "--micro-batches", "4",
-                          "--workers", "2", "--run-dir", str(tmp_path), "--name", "hybrid"], "gloo")
+                          "--workers", "2", "--run-dir", str(tmp_path), "--name", "hybrid"], backend)
     assert proc.returncode == 0, show(proc)
     one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
     hybrid = torch.load(tmp_path / "hybrid" / "model.pt", weights_only=True)
