@@ -53,7 +53,7 @@ class TrainConfig:
     seed: int = 42                  # model init, split, and shuffle order; the same on every rank
     log_interval: int = 20          # steps between metric allreduces and progress lines
     tensorboard: bool = True        # also write TensorBoard events to <run>/tensorboard, if tensorboard is installed
-    timeline: str = ""              # write Horovod's timeline (Chrome trace JSON) to this file; '' = off
+    timeline_file: str = ""         # write Horovod's timeline (Chrome trace JSON) to this file; '' = off
     autotune: bool = False          # let Horovod tune its fusion buffer and cycle time while training
     stall_check_s: int = 60         # Horovod warns when ranks wait this long for each other; 0 = no check
     stall_shutdown_s: int = 0       # Horovod aborts the job after a stall this long; 0 = never

@@ -48,8 +48,8 @@ def horovod_env(config: TrainConfig) -> dict[str, str]:
     when the config says nothing.
     """
     env = {}
-    if config.timeline:
-        env["HOROVOD_TIMELINE"] = os.path.abspath(config.timeline)  # written by rank 0 (the coordinator)
+    if config.timeline_file:
+        env["HOROVOD_TIMELINE"] = os.path.abspath(config.timeline_file)  # written by rank 0 (the coordinator)
     if config.autotune:
         env["HOROVOD_AUTOTUNE"] = "1"
     if config.stall_check_s == 0:
