@@ -45,7 +45,7 @@ def assert_close_weights(a: dict, b: dict, atol: float) -> None:
 def timeline_allreduces(path: Path) -> dict[str, list[tuple[str, int]]]:
     """Horovod's timeline (written by rank 0): for each allreduced tensor, (wire dtype, bytes) per allreduce."""
     events = json.loads(path.read_text())
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]}
     seen: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
     for event in events:
         args = event.get("args", {})
@@ -146,10 +146,14 @@ def test_early_stopping_stops_every_rank_at_the_same_epoch(tmp_path):
 
 def test_horovod_diagnostics_reach_horovod(tmp_path):
     """--autotune and --stall-check-s become Horovod's settings: a rank that sleeps 4 s at its 3rd step
-    triggers Horovod's own stall warning after 1 s, and the autotuner writes its log."""
+    triggers Horovod's own stall warning after 1 s, and the autotuner writes its log.
+
+    Under MPI: with the Gloo controller, Horovod 0.28.1's coordination cycle itself waits for the absent
+    rank, so its stall check never sees a stall (a plain hvd.allreduce script shows the same).
+    """
     log = tmp_path / "autotune.csv"
     proc = horovodrun(2, [*SMALL, "--model", "features:stall_mlp", "--batch-size", "32", "--autotune", "true",
-                          "--stall-check-s", "1", "--run-dir", ""], "gloo",
+                          "--stall-check-s", "1", "--run-dir", ""], "mpi",
                       env={**PLUGINS, "HOROVOD_AUTOTUNE_LOG": str(log), "FEATURES_STALL_S": "4"})
     assert proc.returncode == 0, show(proc)
     assert "waiting for remainder of ranks for more than 1 seconds" in proc.stdout + proc.stderr, show(proc)

@@ -30,7 +30,8 @@ class _StallOnce(nn.Module):
     def forward(self, x):
         if self.training:
             self.calls += 1
-            if self.calls == self.step and int(os.environ.get("HOROVOD_RANK", "0")) == self.rank:
+            rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+            if self.calls == self.step and int(rank) == self.rank:
                 time.sleep(self.seconds)
         return self.inner(x)
 
