@@ -180,10 +180,11 @@ class Trainer:
                 with autocast(config.precision, self.device):
                     outputs = self.model(inputs)
                     loss = self.loss_fn(outputs, targets)
-                # Weighted by its share of the step's samples: K micro-batches of b make one batch of K*b.
+                # Each micro-batch weighs its share of the step's samples: K batches of b make one of K*b.
                 share = loss * (len(targets) / step_samples(micro, config.batch_size, config.accumulate, shard_len))
-                (self.scaler.scale(share) if self.scaler else share).backward()  # Horovod: a step's last
-                step_stats += batch_stats(loss.detach(), outputs.detach(), targets)  # backward starts allreduces
+                # Horovod: a step's last backward starts the allreduces; earlier ones add up gradients locally.
+                (self.scaler.scale(share) if self.scaler else share).backward()
+                step_stats += batch_stats(loss.detach(), outputs.detach(), targets)
                 p.position += len(targets) * self.world.size
                 if (micro + 1) % config.accumulate and micro + 1 < len(self.loader):
                     continue                                # more micro-batches before this step

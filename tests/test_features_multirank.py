@@ -105,7 +105,7 @@ def test_fp16_compression_sends_half_the_bytes_and_still_trains(tmp_path):
     for name in params:
         assert {size for _, size in half[name]} == {plain[name][0][1] // 2}, name
     per_step = sum(calls[0][1] for calls in plain.values())
-    assert sum(calls[0][1] for calls in half.values()) * 2 == per_step  # e.g. 6.3 MB -> 3.2 MB per step
+    assert sum(calls[0][1] for calls in half.values()) * 2 == per_step  # the default CNN: 605 224 -> 302 612 B
 
 
 def test_sync_batchnorm_on_two_workers_equals_one_batchnorm_over_the_global_batch(tmp_path):
