@@ -106,6 +106,9 @@ class TrainConfig:
         if self.precision == "fp16" and self.device == "cpu":
             raise ConfigError("precision fp16 needs a CUDA device (float16 autocast with a loss scaler); "
                               "on CPU use --precision bf16")
+        if self.precision == "fp16" and self.elastic:
+            raise ConfigError("precision fp16 is not supported with elastic yet (the loss scale is not part of the "
+                              "elastic state, so a joining worker would scale differently); use bf16")
         if self.gradient_predivide_factor <= 0:
             raise ConfigError(f"gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
         if self.op == "adasum":

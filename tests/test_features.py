@@ -27,6 +27,7 @@ from hvdtrain.trainer import Trainer, fit
 @pytest.mark.parametrize("args, message", [
     (["--precision", "fp8"], "precision must be one of fp32, bf16, fp16; got 'fp8'"),
     (["--precision", "fp16", "--device", "cpu"], "precision fp16 needs a CUDA device"),
+    (["--precision", "fp16", "--elastic", "true"], "precision fp16 is not supported with elastic yet"),
     (["--accumulate", "0"], "accumulate must be > 0"),
     (["--compression", "int8"], "compression must be one of none, fp16"),
     (["--op", "sum"], "op must be one of average, adasum"),
