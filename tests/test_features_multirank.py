@@ -77,6 +77,15 @@ def test_accumulating_4_batches_of_b_equals_batches_of_4b(tmp_path):
     assert grads.keys() == initial.keys() and all(len(calls) == 12 for calls in grads.values()), grads.keys()
 
 
+def test_same_seed_gives_bit_identical_weights_on_two_workers(tmp_path):
+    for name in ("first", "second"):
+        proc = horovodrun(2, [*SMALL, "--batch-size", "16", "--seed", "3", "--run-dir", str(tmp_path),
+                              "--name", name], "gloo")
+        assert proc.returncode == 0, show(proc)
+    first, second = weights(tmp_path / "first"), weights(tmp_path / "second")
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
 def test_bf16_trains_the_default_job_to_the_accuracy_target(tmp_path):
     proc = horovodrun(2, ["-m", "hvdtrain", "--precision", "bf16", "--run-dir", str(tmp_path), "--name", "bf16"],
                       "gloo", timeout=600)
