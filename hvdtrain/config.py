@@ -17,6 +17,10 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DEVICES = ("auto", "cpu", "cuda")
 MP_CONTEXTS = ("forkserver", "spawn", "fork")
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPRESSIONS = ("none", "fp16")
+OPS = ("average", "adasum")
+MONITORS = ("", "val_acc", "val_loss")
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,14 @@ class TrainConfig:
     lr_decay: str = "cosine"        # after warmup: none, cosine (to 0 at the end) or step (x0.1 at 1/2, 3/4)
     momentum: float = 0.9           # SGD momentum; ignored by adam/adamw
     weight_decay: float = 0.0       # L2 penalty (decoupled for adamw)
+    precision: str = "fp32"         # fp32, bf16 (autocast, CPU or CUDA) or fp16 (CUDA only, with a loss scaler)
+    accumulate: int = 1             # micro-batches per optimizer step; one allreduce per step, not per micro-batch
+    compression: str = "none"       # gradients on the wire: none or fp16 (half the bytes)
+    op: str = "average"             # gradient reduction: average, or adasum (MPI; use with --lr-scaling none)
+    gradient_predivide_factor: float = 1.0  # average: divide by this before the sum, by workers/this after
+    sync_bn: bool = False           # convert BatchNorm layers to Horovod's SyncBatchNorm (global batch statistics)
+    monitor: str = ""               # val_acc or val_loss: keep best.pt at its best epoch; '' = off
+    patience: int = 0               # stop after this many epochs without a better `monitor`; 0 = never stop early
     hidden: int = 128               # width of the built-in MLP's hidden layers
     val_fraction: float = 0.2       # held-out share of a built-in dataset, split with `seed`
     synthetic_samples: int = 2048   # size of the synthetic dataset
@@ -41,6 +53,11 @@ class TrainConfig:
     num_classes: int = 10           # classes of the synthetic dataset
     seed: int = 42                  # model init, split, and shuffle order; the same on every rank
     log_interval: int = 20          # steps between metric allreduces and progress lines
+    tensorboard: bool = True        # also write TensorBoard events to <run>/tensorboard, if tensorboard is installed
+    timeline_file: str = ""         # write Horovod's timeline (Chrome trace JSON) to this file; '' = off
+    autotune: bool = False          # let Horovod tune its fusion buffer and cycle time while training
+    stall_check_s: int = 60         # Horovod warns when ranks wait this long for each other; 0 = no check
+    stall_shutdown_s: int = 0       # Horovod aborts the job after a stall this long; 0 = never
     threads: int = 0                # torch threads per worker; 0 = cores / workers on this host
     device: str = "auto"            # auto (CUDA pinned to local_rank when present), cpu or cuda
     run_dir: str = "runs"           # parent folder of run directories; empty = write nothing
@@ -63,14 +80,15 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples",
-                    "num_classes", "log_interval"):
+                    "num_classes", "log_interval", "accumulate"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         for key in ("keep_checkpoints", "commit_steps", "stages", "micro_batches", "prefetch_factor"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum", "checkpoint_epochs",
-                    "checkpoint_steps", "nonfinite_limit", "workers"):
+                    "checkpoint_steps", "nonfinite_limit", "workers", "patience", "stall_check_s",
+                    "stall_shutdown_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.lr <= 0:
@@ -90,10 +108,36 @@ class TrainConfig:
         if self.stage_split and (len(self.stage_split) != self.stages or min(self.stage_split) < 1):
             raise ConfigError(f"stage_split must give a positive layer count for each of the {self.stages} "
                               f"stages, got {self.stage_split}")
+        self._check_features()
         if self.resume == "auto" and not (self.name and self.run_dir):
             raise ConfigError("resume auto needs the run to resume: pass --name NAME (and a --run-dir)")
         if "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name must be a plain folder name, got {self.name!r}")
+
+    def _check_features(self) -> None:
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("compression", self.compression, COMPRESSIONS)
+        _check_choice("op", self.op, OPS)
+        _check_choice("monitor", self.monitor, MONITORS)
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ConfigError("precision fp16 needs a CUDA device (float16 autocast with a loss scaler); "
+                              "on CPU use --precision bf16")
+        if self.precision == "fp16" and self.elastic:
+            raise ConfigError("precision fp16 is not supported with elastic yet (the loss scale is not part of the "
+                              "elastic state, so a joining worker would scale differently); use bf16")
+        if self.gradient_predivide_factor <= 0:
+            raise ConfigError(f"gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
+        if self.op == "adasum":
+            if self.lr_scaling != "none":
+                raise ConfigError("op adasum combines gradients adaptively and wants the one-worker LR: "
+                                  "add --lr-scaling none")
+            if self.gradient_predivide_factor != 1.0:
+                raise ConfigError("gradient_predivide_factor applies only to op average, not adasum")
+            if self.precision == "fp16":
+                raise ConfigError("precision fp16 cannot be combined with op adasum (Adasum applies each tensor's "
+                                  "update inside backward, before a loss scaler could check it); use bf16")
+        if self.patience and not self.monitor:
+            raise ConfigError("patience needs a metric to watch: add --monitor val_acc or --monitor val_loss")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

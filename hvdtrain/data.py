@@ -63,9 +63,23 @@ def check_fits(train_size: int, size: int) -> None:
                         "use fewer workers or a larger dataset")
 
 
-def steps_per_epoch(train_size: int, size: int, batch_size: int) -> int:
-    """Equal on every rank: DistributedSampler pads each shard to ceil(n / size) samples."""
-    return math.ceil(math.ceil(train_size / size) / batch_size)
+def steps_per_epoch(train_size: int, size: int, batch_size: int, accumulate: int = 1) -> int:
+    """Optimizer steps, equal on every rank: DistributedSampler pads each shard to ceil(n / size) samples.
+
+    With accumulation a step takes `accumulate` micro-batches; the epoch's last step may take fewer.
+    """
+    return math.ceil(math.ceil(math.ceil(train_size / size) / batch_size) / accumulate)
+
+
+def step_samples(micro: int, batch_size: int, accumulate: int, shard_len: int) -> int:
+    """Samples of this rank's shard in the optimizer step that micro-batch `micro` belongs to.
+
+    K full micro-batches, except at the end of the shard (a short last batch, a short last step).
+    Weighting each micro-batch's mean loss by len(batch) / step_samples makes the step's gradient the
+    mean over all its samples: K micro-batches of b equal one batch of K*b.
+    """
+    first = micro // accumulate * accumulate * batch_size
+    return min(shard_len, first + accumulate * batch_size) - first
 
 
 def eval_shard(n: int, rank: int, size: int) -> range:

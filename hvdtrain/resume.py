@@ -38,11 +38,13 @@ def _read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Mod
         return {"error": f"checkpoint {path} does not fit this model/optimizer ({_first_line(err)}); it was "
                          f"written with --model {made_with}: use the same model and optimizer, or another checkpoint"}
     meta = {key: payload[key] for key in ("progress", "world_size", "rng", "stats")}
+    meta["scaler"] = payload.get("scaler")  # fp16's loss scale; absent otherwise
     return {"payload": meta, "path": str(path), "note": "; ".join(notes)}
 
 
 def resume_state(config: TrainConfig, run_path: str | None, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, progress: Any, world: dist.World) -> str | None:
+                 optimizer: torch.optim.Optimizer, progress: Any, world: dist.World,
+                 scaler: torch.amp.GradScaler | None = None) -> str | None:
     """Apply --resume on every rank. Returns a line for rank 0 to print, or None when not resuming."""
     if not config.resume:
         return None
@@ -55,6 +57,8 @@ def resume_state(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
         return found["note"]
     for name, value in meta["progress"].items():
         setattr(progress, name, value)
+    if scaler is not None and meta.get("scaler"):
+        scaler.load_state_dict(meta["scaler"])
     old_size = meta["world_size"]
     if old_size == world.size:
         progress.stats = meta["stats"][world.rank]

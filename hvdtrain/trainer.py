@@ -1,8 +1,8 @@
 """The training loop: read it top to bottom. Lines that exist only for distribution say `# Horovod:`."""
 from __future__ import annotations
 
+import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,43 +12,21 @@ import torch
 from torch import nn
 
 from hvdtrain import checkpoint, dist
+from hvdtrain.components import autocast, check_precision, make_optimizer, make_scaler, pick_device, show_progress
 from hvdtrain.config import TrainConfig, to_yaml
-from hvdtrain.data import build_data, check_fits, steps_per_epoch
+from hvdtrain.data import build_data, check_fits, step_samples, steps_per_epoch
 from hvdtrain.errors import UserError
 from hvdtrain.evaluation import batch_stats, evaluate, param_digest, predict, ratio
 from hvdtrain.history import History
 from hvdtrain.loading import build_loader
 from hvdtrain.models import build_model
+from hvdtrain.monitor import improved, patience_exhausted
 from hvdtrain.pipeline import place
 from hvdtrain.resume import resume_state
 from hvdtrain.runlog import RunLog, plan_run_dir
 from hvdtrain.sampling import ShardSampler
 from hvdtrain.schedule import lr_at, scaled_lr
 from hvdtrain.stopping import STOP, Stopped
-
-
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise UserError("device cuda was asked for but torch sees no CUDA device; use --device cpu")
-    # Horovod: one GPU per worker, chosen by its rank on this host.
-    torch.cuda.set_device(local_rank % torch.cuda.device_count())
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    params = model.parameters()
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                               weight_decay=config.weight_decay)
-    kind = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
-    return kind(params, lr=config.lr, weight_decay=config.weight_decay)
-
-
-def show_progress() -> bool:
-    """A bar only where someone watches: a terminal or a notebook, never a log file."""
-    return sys.stderr.isatty() or "ipykernel" in sys.modules
 
 
 @dataclass
@@ -61,8 +39,10 @@ class Progress:
     nonfinite: int = 0          # consecutive steps skipped for non-finite gradients
     skipped: int = 0            # all steps skipped for non-finite gradients
     stats: torch.Tensor = field(default_factory=lambda: torch.zeros(3, dtype=torch.float64))
+    best: float = math.nan      # best value of config.monitor so far
+    best_epoch: int = -1        # the epoch (0-based) that reached it; best.pt holds its weights
 
-    FIELDS = ("epoch", "position", "step", "fit_step", "nonfinite", "skipped", "stats")
+    FIELDS = ("epoch", "position", "step", "fit_step", "nonfinite", "skipped", "stats", "best", "best_epoch")
 
     def values(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.FIELDS}
@@ -90,15 +70,21 @@ class Trainer:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  config: TrainConfig | None = None) -> None:
         self.config = config = config or TrainConfig()
-        self.world = world = dist.init()
+        self.world = world = dist.init(dist.horovod_env(config))  # Horovod: timeline, autotune, stall check
         # Each worker gets its share of this host's cores; oversubscription makes every rank slower.
         torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // world.local_size))
         # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.
         self.device = pick_device(config.device, world.local_rank * config.stages)
+        check_precision(config.precision, self.device)
         check_fits(len(train_data), world.size)
+        if config.monitor and val_data is None:
+            raise UserError(f"monitor {config.monitor} needs held-out data (val_data); drop --monitor")
         self.train_data, self.val_data = train_data, val_data
+        # Horovod: with sync_bn, BatchNorm statistics come from the global batch, not each worker's shard.
+        model = dist.convert_sync_bn(model) if config.sync_bn else model
         self.model = place(model, self.device, local_rank=world.local_rank, local_size=world.local_size,
                            stages=config.stages, split=config.stage_split, micro_batches=config.micro_batches)
+        self.scaler = make_scaler(config.precision, self.device)
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         optimizer = optimizer or make_optimizer(config, self.model)
         self.progress = Progress()
@@ -112,8 +98,12 @@ class Trainer:
             raise UserError(plan["error"])
         self.run_path: str | None = plan["path"]
         # Horovod's wrapper is a new optimizer object: state is loaded into it, not into the original.
-        self.optimizer: Any = dist.wrap_optimizer(optimizer, self.model)
-        resumed = resume_state(config, self.run_path, self.model, self.optimizer, self.progress, world)
+        self.optimizer: Any = dist.wrap_optimizer(
+            optimizer, self.model, accumulate=config.accumulate, compression=config.compression, op=config.op,
+            gradient_predivide_factor=config.gradient_predivide_factor)
+        self.steps_in_backward = dist.steps_in_backward(config.op)
+        resumed = resume_state(config, self.run_path, self.model, self.optimizer, self.progress, world,
+                               self.scaler)
         # A resumed fit() continues the interrupted call's LR schedule instead of starting a new one.
         self._continue_fit = self.progress.fit_step > 0
         dist.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
@@ -123,7 +113,7 @@ class Trainer:
 
         self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
         self.loader = build_loader(train_data, self.sampler, config, world.rank, self.device)
-        self.steps_per_epoch = steps_per_epoch(len(train_data), world.size, config.batch_size)
+        self.steps_per_epoch = steps_per_epoch(len(train_data), world.size, config.batch_size, config.accumulate)
         self.lr_scale = scaled_lr(1.0, world.size, config.lr_scaling)
         self.history = History()
 
@@ -164,7 +154,7 @@ class Trainer:
         """The loop. `p` is a Progress, or Horovod's elastic state with the same fields."""
         config = self.config
         # Planned here, not once: after an elastic reset the same epochs take a different number of steps.
-        done_this_epoch = -(-p.position // (config.batch_size * self.world.size))
+        done_this_epoch = -(-p.position // (config.batch_size * config.accumulate * self.world.size))
         todo = (end_epoch - p.epoch) * self.steps_per_epoch - done_this_epoch
         if config.max_steps:
             todo = min(todo, config.max_steps - p.step)
@@ -177,28 +167,36 @@ class Trainer:
             bar = tqdm(total=total_steps, initial=p.fit_step, unit="step", leave=False)
         self.model.train()
         lr_factor = 1.0
-        while p.epoch < end_epoch and not (config.max_steps and p.step >= config.max_steps):
+        while (p.epoch < end_epoch and not (config.max_steps and p.step >= config.max_steps)
+               and not patience_exhausted(p.epoch, p.best_epoch, config.patience)):
             # Horovod: every rank shuffles alike (seed + epoch) and resumes at the same global position.
             self.sampler.set_epoch(p.epoch, start=p.position)
-            epoch_start = time.perf_counter()
-            for inputs, targets in self.loader:
-                lr_factor = lr_at(p.fit_step, 1.0, self.lr_scale, warmup_steps, total_steps, config.lr_decay)
-                for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-                    group["lr"] = base_lr * lr_factor
+            shard_len, epoch_start, epoch_steps = len(self.sampler), time.perf_counter(), 0
+            for micro, (inputs, targets) in enumerate(self.loader):
+                if micro % config.accumulate == 0:         # a step's first micro-batch
+                    lr_factor = lr_at(p.fit_step, 1.0, self.lr_scale, warmup_steps, total_steps, config.lr_decay)
+                    for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+                        group["lr"] = base_lr * lr_factor
+                    self.optimizer.zero_grad()  # torch 2.x sets grads to None (Horovod's wrapper takes no args)
+                    step_stats = torch.zeros(3, dtype=torch.float64, device=self.device)
                 inputs = inputs.to(self.device, non_blocking=True)
                 targets = targets.to(self.device, non_blocking=True)
-                self.optimizer.zero_grad()  # torch 2.x sets grads to None (Horovod's wrapper takes no args)
-                outputs = self.model(inputs)
-                loss = self.loss_fn(outputs, targets)
-                loss.backward()                             # Horovod: allreduces start here
-                self.optimizer.synchronize()                # Horovod: averaged gradients, equal on all ranks
-                if self._gradients_finite(p):
-                    with self.optimizer.skip_synchronize():
-                        self.optimizer.step()
-                    p.stats = p.stats + batch_stats(loss.detach(), outputs.detach(), targets).cpu()
+                with autocast(config.precision, self.device):
+                    outputs = self.model(inputs)
+                    loss = self.loss_fn(outputs, targets)
+                # Each micro-batch weighs its share of the step's samples: K batches of b make one of K*b.
+                share = loss * (len(targets) / step_samples(micro, config.batch_size, config.accumulate, shard_len))
+                # Horovod: a step's last backward starts the allreduces; earlier ones add up gradients locally.
+                (self.scaler.scale(share) if self.scaler else share).backward()
+                step_stats += batch_stats(loss.detach(), outputs.detach(), targets)
                 p.position += len(targets) * self.world.size
+                if (micro + 1) % config.accumulate and micro + 1 < len(self.loader):
+                    continue                                # more micro-batches before this step
+                if self._step(p):
+                    p.stats = p.stats + step_stats.cpu()
                 p.step += 1
                 p.fit_step += 1
+                epoch_steps += 1
                 if bar:
                     bar.update()
                 if p.step % config.log_interval == 0:
@@ -210,7 +208,9 @@ class Trainer:
                 if config.max_steps and p.step >= config.max_steps:
                     break
             finished_epoch = p.position >= len(self.train_data)
-            self._end_epoch(p, lr_factor, time.perf_counter() - epoch_start, bar)
+            self._end_epoch(p, lr_factor, time.perf_counter() - epoch_start, epoch_steps, bar)
+            if finished_epoch and config.monitor:
+                self._judge(p)
             if finished_epoch:
                 p.epoch, p.position = p.epoch + 1, 0
                 p.stats = torch.zeros(3, dtype=torch.float64)
@@ -220,6 +220,25 @@ class Trainer:
                 p.commit()
         if bar:
             bar.close()
+
+    def _step(self, p: Any) -> bool:
+        """Apply the step's gradients, the same on every rank; False when skipped as non-finite."""
+        if self.steps_in_backward:
+            self.optimizer.step()                           # Horovod: combines the Adasum deltas from backward
+            return True
+        self.optimizer.synchronize()                        # Horovod: averaged gradients, equal on all ranks
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
+        applied = self._gradients_finite(p)
+        if applied:
+            with self.optimizer.skip_synchronize():
+                if self.scaler:
+                    self.scaler.step(self.optimizer)
+                else:
+                    self.optimizer.step()
+        if self.scaler:
+            self.scaler.update()                            # halve the loss scale after an overflow
+        return applied
 
     def _gradients_finite(self, p: Any) -> bool:
         """Averaged gradients are identical on every rank, so every rank reaches the same verdict."""
@@ -231,8 +250,10 @@ class Trainer:
         if bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
             p.nonfinite = 0
             return True
-        p.nonfinite += 1
         p.skipped += 1
+        if self.scaler and self.scaler.get_scale() >= 1.0:
+            return False  # fp16 overflow at a large loss scale: routine, the scaler halves the scale
+        p.nonfinite += 1
         if p.nonfinite >= limit:
             raise UserError(f"gradients were not finite for {limit} steps in a row (step {p.step + 1}, "
                             f"epoch {p.epoch + 1}); lower --lr, check the data for NaN/inf, or raise "
@@ -251,11 +272,12 @@ class Trainer:
         if total[3] > 0:
             self._stop(p, int(total[3].item()) // self.world.size or int(total[3].item()))
 
-    def _end_epoch(self, p: Any, lr_factor: float, seconds: float, bar: Any) -> None:
+    def _end_epoch(self, p: Any, lr_factor: float, seconds: float, steps: int, bar: Any) -> None:
         total = dist.allreduce_sum(torch.cat([p.stats, torch.tensor([float(STOP.signum)])]), name="epoch_stats")
         record = {"kind": "epoch", "epoch": p.epoch, "step": p.step, "lr": self.base_lrs[0] * lr_factor,
                   "train_loss": ratio(total[0], total[2]), "train_acc": ratio(total[1], total[2]),
-                  **self.evaluate(), "samples_per_s": float(total[2].item()) / seconds, "epoch_time_s": seconds}
+                  **self.evaluate(), "samples_per_s": float(total[2].item()) / seconds, "epoch_time_s": seconds,
+                  "step_time_s": seconds / steps if steps else None}
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
             self.history[-1] = record  # elastic: the epoch's end was redone after a failure
         else:
@@ -264,6 +286,17 @@ class Trainer:
             self.log.epoch(record, bar)
         if total[3] > 0:
             self._stop(p, int(total[3].item()) // self.world.size or int(total[3].item()))
+
+    def _judge(self, p: Any) -> None:
+        """Best weights and early stopping on config.monitor, after each finished epoch."""
+        value = self.history[-1].get(self.config.monitor)
+        verdict = (improved(self.config.monitor, p.best, value), value) if self.world.is_root else None
+        # Horovod: rank 0's verdict for all, so every rank stops at the same epoch.
+        better, value = dist.broadcast_object(verdict, name="monitor")
+        if better:
+            p.best, p.best_epoch = value, p.epoch
+            if self.log:
+                self.log.best(self.model)
 
     def _stop(self, p: Any, signum: int) -> None:
         saved = self._checkpoint(p) if self.config.checkpoint_on_stop else None
@@ -280,7 +313,8 @@ class Trainer:
             path = checkpoint.save(checkpoint.checkpoint_dir(self.run_path), p.step, {
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "progress": progress, "world_size": self.world.size, "rng": [r for r, _ in per_rank],
-                "stats": [s for _, s in per_rank], "config": self.config.to_dict()}, self.config.keep_checkpoints)
+                "stats": [s for _, s in per_rank], "config": self.config.to_dict(),
+                **({"scaler": self.scaler.state_dict()} if self.scaler else {})}, self.config.keep_checkpoints)
         return str(path) if path else None
 
     def _on_reset(self) -> None:
@@ -303,6 +337,9 @@ class Trainer:
                                 "samples_per_s": seen / wall, "wall_time_s": wall,
                                 "rank_steps": [s for s, _ in per_rank],
                                 "param_digests": [d for _, d in per_rank], "run_dir": self.run_path}
+        if self.config.monitor:
+            self.history.summary.update(monitor=self.config.monitor, best=p.best, best_epoch=p.best_epoch,
+                                        stopped_early=patience_exhausted(p.epoch, p.best_epoch, self.config.patience))
         if self.log:
             self.log.finish(self.history, self.model)
 
