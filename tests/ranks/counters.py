@@ -4,6 +4,7 @@ Prints one COUNTERS line of JSON per rank; tests/test_counters.py asserts on it 
 """
 import json
 import sys
+import time
 
 import torch
 
@@ -45,6 +46,10 @@ with dist.count_gradient_allreduces() as fp16:
         torch.nn.functional.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
 
+# The timeline is written by a background thread: one more collective and a pause let it catch up
+# before shutdown, so the last step's events are in the file.
+dist.allreduce_sum(torch.zeros(1), name="flush")
+time.sleep(2)
 world = dist.world()
 print("COUNTERS " + json.dumps({
     "rank": world.rank, "size": world.size, "params": params, "tensors": tensors, "steps": steps,
