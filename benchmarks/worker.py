@@ -42,7 +42,7 @@ def bench_config(model: str, steps: int, size: int, smoke: bool, threads: int) -
     samples = (steps + 2) * int(spec["batch_size"]) * size * 2
     values = {**spec, "dataset": "synthetic", "synthetic_samples": samples, "val_fraction": 0.05,
               "max_steps": steps, "threads": threads, "run_dir": "", "lr_scaling": "none", "warmup_epochs": 0,
-              "lr_decay": "none", "lr": 0.01}
+              "lr_decay": "none", "lr": 0.01, "device": "cpu"}
     return load_config(None, [f"--{k.replace('_', '-')}={v}" for k, v in values.items()])
 
 
@@ -58,7 +58,7 @@ class StepClock:
             self.stamps.append(time.perf_counter())
 
     def step_ms(self, warmup: int) -> list[float]:
-        gaps = [(b - a) * 1e3 for a, b in zip(self.stamps, self.stamps[1:])]
+        gaps = [(b - a) * 1e3 for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
         return gaps[warmup:]
 
 
