@@ -82,8 +82,9 @@ def summarise(name: str, spec: dict[str, Any], records: list[dict[str, Any]]) ->
     ok = [r for r in records if "error" not in r]
     row: dict[str, Any] = {"name": name, "variant": spec["variant"], "launcher": spec["launcher"],
                            "backend": spec.get("backend"), "runs": len(records), "failed": len(records) - len(ok)}
+    if len(ok) < len(records):
+        row["errors"] = [r["output_tail"] for r in records if "error" in r]  # kept: a failure is a result too
     if not ok:
-        row["error"] = records[-1]["output_tail"] if records else "not run"
         return row
     times = [t for r in ok for t in r["step_ms"]]
     first = ok[0]
@@ -135,17 +136,19 @@ def table(result: dict[str, Any]) -> str:
              f"{result['meta']['loadavg_before']} / {result['meta']['loadavg_after']}  "
              f"({result['meta']['cpus']} CPUs; rounds={result['meta']['rounds']}, steps/run={result['meta']['steps']})",
              "", f"{'group':<10} {'variant':<18} {'best ms':>9} {'median ms':>10} {'samples/s':>10} "
-             f"{'x best':>7} {'runs':>5}"]
+             f"{'x best':>7} {'runs':>5}", "(x best: best ms over the group's fastest training variant)"]
     for group, rows in result["groups"].items():
-        fastest = min((r["best_ms"] for r in rows.values() if "best_ms" in r), default=None)
+        fastest = min((r["best_ms"] for r in rows.values() if "best_ms" in r and r["variant"] != "allreduce"),
+                      default=None)
         for row in rows.values():
             if "best_ms" not in row:
                 lines.append(f"{group:<10} {row['name']:<18} FAILED ({row['failed']}/{row['runs']} runs)")
                 continue
             sps = f"{row['samples_per_s']:.0f}" if "samples_per_s" in row else "-"
             rel = f"{row['best_ms'] / fastest:.2f}" if fastest else "-"
+            failed = f" ({row['failed']} failed)" if row["failed"] else ""
             lines.append(f"{group:<10} {row['name']:<18} {row['best_ms']:>9.1f} {row['median_ms']:>10.1f} "
-                         f"{sps:>10} {rel:>7} {row['runs']:>5}")
+                         f"{sps:>10} {rel:>7} {row['runs']:>5}{failed}")
     lines += ["", "ratios (speed: >1 means hvdtrain faster; step_over_*: step time / ideal, lower is better)"]
     for model, r in result["ratios"].items():
         for key, value in r.items():
