@@ -234,7 +234,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, partial: Path | None = None) -> dict[str, Any]:
+    """All groups, then the sweep. After each group the results so far go to `partial` (if given),
+    so a run cut short still leaves its finished groups behind."""
     models = [m for m in args.models.split(",") if m]
     nps = [int(n) for n in args.nps.split(",") if n]
     backends = [b for b in args.backends.split(",") if b]
@@ -274,6 +276,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     shown = f"{rec['best_ms']:.1f} ms best" if "best_ms" in rec else rec["error"]
                     print(f"[bench] {group} round {round_no + 1} {spec['name']}: {shown}", flush=True)
             groups[group] = {s["name"]: summarise(s["name"], s, records[s["name"]]) for s in specs}
+            if partial:
+                partial.write_text(json.dumps({"meta": meta, "groups": groups}, indent=1))
 
     bandwidth: dict[str, list[dict[str, Any]]] = {}
     bw_np = max(max(nps), 2)
@@ -301,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = run(args)
+    result = run(args, partial=out / "results.partial.json")
+    (out / "results.partial.json").unlink(missing_ok=True)
     text = table(result)
     (out / "results.json").write_text(json.dumps(result, indent=1))
     (out / "results.md").write_text("```\n" + text + "\n```\n")
