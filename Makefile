@@ -9,7 +9,7 @@ ARGS ?=
 STAMP := $(VENV)/.hvdtrain-setup-ok
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint doctor clean
+.PHONY: setup run test lint doctor bench clean
 
 setup: $(STAMP)
 
@@ -23,12 +23,17 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest $(ARGS)
 
+# Benchmarks (benchmarks/README.md): hvdtrain vs hand-written Horovod vs DDP vs one process, A B A B.
+# make bench ARGS=--smoke for the CI size; results in bench-results/.
+bench: setup
+	$(BIN)/python -m benchmarks.run $(ARGS)
+
 lint: setup
-	$(BIN)/ruff check hvdtrain tests examples
+	$(BIN)/ruff check hvdtrain tests examples benchmarks
 	$(BIN)/mypy
 
 doctor: setup
 	$(BIN)/hvdtrain doctor
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs bench-results .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,55 @@
+"""The benchmark harness runs end to end at its smoke size: well-formed outputs, no timings asserted."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, show
+
+from benchmarks.run import parse_args, ratios, variants
+
+pytestmark = pytest.mark.multirank
+
+
+def test_variants_alternate_and_cover_the_issue():
+    two = [v["name"] for v in variants(2, ["gloo", "mpi"])]
+    assert {"ddp", "compute", "hvdtrain-gloo", "horovod-gloo", "allreduce-gloo", "hvdtrain-mpi"} <= set(two)
+    assert [v["name"] for v in variants(1, ["gloo"])] == ["single", "hvdtrain", "horovod", "ddp"]
+    smoke = parse_args(["--smoke"])
+    assert smoke.models == "mlp" and smoke.steps < 10
+
+
+def test_ratios_are_speed_ratios():
+    groups = {"mlp/np1": {"hvdtrain": {"best_ms": 10.0}, "horovod": {"best_ms": 9.0}},
+              "mlp/np2": {"hvdtrain-gloo": {"best_ms": 20.0}, "ddp": {"best_ms": 25.0},
+                          "compute": {"best_ms": 12.0}, "allreduce-gloo": {"best_ms": 16.0}}}
+    r = ratios(groups, ["gloo"])["mlp"]
+    assert r["hvdtrain_vs_horovod_np1"] == pytest.approx(0.9)
+    assert r["hvdtrain_vs_ddp_np2_gloo"] == pytest.approx(1.25)
+    assert r["step_over_max_compute_comm_gloo"] == pytest.approx(20 / 16)
+    assert r["scaling_efficiency_hvdtrain_gloo"] == pytest.approx(0.5)
+
+
+def test_smoke_run_end_to_end(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, show(proc)
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert set(result) == {"meta", "groups", "ratios", "bandwidth"}
+    assert set(result["groups"]) == {"mlp/np1", "mlp/np2"}
+    for group, rows in result["groups"].items():
+        for row in rows.values():
+            assert row["failed"] == 0 and row["best_ms"] > 0 and row["median_ms"] >= row["best_ms"], (group, row)
+            assert row["np"] == int(group[-1]), row
+            assert row["grad_bytes"] == 4 * row["params"]
+    assert result["groups"]["mlp/np1"]["hvdtrain"]["runs"] == 2  # alternated: A B .. B A
+    assert {"hvdtrain_vs_horovod_np1", "hvdtrain_vs_ddp_np2_gloo",
+            "step_over_max_compute_comm_gloo"} <= set(result["ratios"]["mlp"])
+    for impl in ("horovod-gloo", "torch-gloo", "memcpy"):
+        rows = result["bandwidth"][impl]
+        assert [r["size_mb"] for r in rows] == [0.25, 1.0] and all(r["busbw_gbs"] > 0 for r in rows), impl
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "hvdtrain-gloo" in (tmp_path / "results.md").read_text()
+    assert "ratios" in proc.stdout
