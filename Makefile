@@ -24,7 +24,7 @@ test: setup
 	$(BIN)/python -m pytest $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check hvdtrain tests examples
+	$(BIN)/ruff check hvdtrain tests examples docker
 	$(BIN)/mypy
 
 doctor: setup

@@ -34,6 +34,9 @@ IMAGE = "hvdtrain:cpu"
 PODMAN = ["podman", "--runtime", "runc"]
 # podman run needs these here: raising limits above the host's is not permitted.
 RUN_FLAGS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
+# The first test to use the image also pays for building it (about 10 minutes on 2 cores, longer
+# when Horovod has to be compiled): more than the suite's default per-test timeout.
+IMAGE_TEST = pytest.mark.timeout(3600)
 
 
 # ---------------------------------------------------------------- a small Dockerfile parser
@@ -116,6 +119,16 @@ def test_the_runtime_image_checks_itself_at_build_time(dockerfile):
     # The check runs after the venv arrives, in the image that ships.
     steps = [args for _, args, _ in stages[-1]["steps"]]
     assert steps.index(check) > next(i for i, s in enumerate(steps) if s.startswith("--from=builder"))
+
+
+def test_every_run_is_valid_bash(dockerfile, tmp_path):
+    """Catches shell mistakes before a build does: the GPU image is not built by CI."""
+    variant, _, stages = dockerfile
+    for index, run in enumerate(r for stage in stages for r in runs(stage)):
+        script = tmp_path / f"run{index}.sh"
+        script.write_text(re.sub(r"^(--mount=\S+\s+)+", "", run) + "\n")
+        proc = subprocess.run(["bash", "-n", "-o", "pipefail", str(script)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{variant}: RUN {run[:200]}...: {proc.stderr}"
 
 
 KEY_MATERIAL = re.compile(r"id_(rsa|dsa|ecdsa|ed25519)|authorized_keys|known_hosts|ssh_host_|\.ssh\b|"
@@ -336,6 +349,7 @@ def cpu_image(tmp_path_factory):
     return {"seconds": time.monotonic() - start, "size": size, "log": text}
 
 
+@IMAGE_TEST
 def test_cpu_image_trains_to_the_accuracy_target_under_horovodrun(cpu_image, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
@@ -353,6 +367,7 @@ def test_cpu_image_trains_to_the_accuracy_target_under_horovodrun(cpu_image, tmp
               f"{cpu_image['size'] / 1e9:.2f} GB; in-container val_acc {summary['val_acc']:.3f}")
 
 
+@IMAGE_TEST
 def test_cpu_image_runs_as_the_non_root_user_with_gloo(cpu_image, tmp_path):
     proc = podman("run", "--rm", *RUN_FLAGS, "--network", "none", "--user", "hvd", IMAGE, "bash", "-c",
                   "id -un && horovodrun -np 2 -H localhost:2 --gloo python -m hvdtrain --epochs 2 "
@@ -362,38 +377,72 @@ def test_cpu_image_runs_as_the_non_root_user_with_gloo(cpu_image, tmp_path):
     assert json.loads(proc.stdout[proc.stdout.index("{"):])["workers"] == 2
 
 
-def test_two_containers_train_together_over_ssh_with_mounted_keys(cpu_image, tmp_path):
-    """Multi-node as on a cluster: a worker container runs hvdtrain-sshd; the launcher reaches it by name."""
+def make_keys(tmp_path: Path, uid: int | None = None) -> Path:
+    """A folder as mounted at ~/.ssh: a fresh key pair and authorized_keys holding its public key."""
     keys = tmp_path / "keys"
     keys.mkdir()
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id_ed25519")], check=True)
     shutil.copy(keys / "id_ed25519.pub", keys / "authorized_keys")
+    if uid is not None:
+        for path in [keys, *keys.iterdir()]:
+            os.chown(path, uid, uid)
+    return keys
+
+
+@IMAGE_TEST
+def test_non_root_user_runs_sshd_and_logs_in_with_the_mounted_key(cpu_image, tmp_path):
+    keys = make_keys(tmp_path, uid=1000)          # the image's USER_UID
+    script = ("hvdtrain-sshd 2> /tmp/sshd.log & "
+              "for i in $(seq 60); do ssh localhost 'echo in as $(id -un)' && exit 0; sleep 1; done; "
+              "cat /tmp/sshd.log; exit 1")
+    proc = podman("run", "--rm", *RUN_FLAGS, "--network", "none", "--user", "hvd",
+                  "-v", f"{keys}:/home/hvd/.ssh:ro", IMAGE, "bash", "-c", script, timeout=300)
+    assert proc.returncode == 0 and "in as hvd" in proc.stdout, show(proc)
+
+
+@IMAGE_TEST
+def test_two_containers_train_together_over_ssh_with_mounted_keys(cpu_image, tmp_path):
+    """Multi-node as on a cluster: each container runs hvdtrain-sshd; horovodrun reaches the other over ssh."""
+    keys = make_keys(tmp_path)
     net = f"hvdtrain-test-{os.getpid()}"
-    if podman("network", "create", net).returncode != 0:
-        pytest.skip("podman cannot create a container network here")
-    names = [f"{net}-node1", f"{net}-node2"]
+    proc = podman("network", "create", net)
+    if proc.returncode != 0:
+        pytest.skip(f"podman cannot create a container network here: {proc.stderr.strip()[-300:]}")
+    names = ["node1", "node2"]
+    containers = [f"{net}-{name}" for name in names]
     try:
-        for name in names:
-            proc = podman("run", "-d", "--name", name, "--hostname", name, "--network", net, *RUN_FLAGS,
+        for name, container in zip(names, containers, strict=True):
+            proc = podman("run", "-d", "--name", container, "--hostname", name, "--network", net, *RUN_FLAGS,
                           "-v", f"{keys}:/root/.ssh:ro", IMAGE, "hvdtrain-sshd")
             assert proc.returncode == 0, show(proc)
-        hosts = ",".join(f"{n}:1" for n in names)
-        script = (f"for h in {' '.join(names)}; do for i in $(seq 30); do ssh $h true && break; sleep 1; done; done; "
-                  f"horovodrun -np 2 -H {hosts} --start-timeout 120 --network-interfaces eth0 "
-                  f"python -m hvdtrain --epochs 2 --threads 1 --run-dir /tmp/runs --name multi")
-        proc = podman("exec", names[0], "bash", "-c", script, timeout=600)
-        assert proc.returncode == 0, show(proc) + "\n" + podman("logs", names[1]).stderr[-2000:]
-        summary = json.loads(podman("exec", names[0], "cat", "/tmp/runs/multi/summary.json").stdout)
-        assert summary["workers"] == 2
-        denied = podman("exec", names[0], "ssh", "-o", "PasswordAuthentication=yes", "-o", "BatchMode=yes",
-                        "-o", "IdentitiesOnly=yes", "-i", "/dev/null", names[1], "true")
+        # Name resolution between the containers (podman's DNS plugin may be absent): /etc/hosts.
+        address = {name: podman("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                                container).stdout.strip() for name, container in zip(names, containers, strict=True)}
+        hosts = "".join(f"{ip} {name}\n" for name, ip in address.items())
+        for container in containers:
+            assert podman("exec", container, "sh", "-c", f"printf '{hosts}' >> /etc/hosts").returncode == 0
+        launcher = containers[0]
+        ready = "for h in node1 node2; do for i in $(seq 30); do ssh $h true && break; sleep 1; done; done"
+        horovodrun = "horovodrun -np 2 -H node1:1,node2:1 --start-timeout 120 --network-interfaces eth0"
+        proc = podman("exec", launcher, "bash", "-c", f"{ready}; {horovodrun} hostname", timeout=600)
+        assert proc.returncode == 0, show(proc) + podman("logs", containers[1]).stderr[-2000:]
+        assert {"node1", "node2"} <= set(re.findall(r"<stdout>:(node\d)", proc.stdout)), show(proc)
+        proc = podman("exec", launcher, "bash", "-c", f"{horovodrun} python -m hvdtrain --epochs 2 --threads 1 "
+                      "--run-dir /tmp/runs --name multi", timeout=600)
+        assert proc.returncode == 0, show(proc) + podman("logs", containers[1]).stderr[-2000:]
+        summary = json.loads(podman("exec", launcher, "cat", "/tmp/runs/multi/summary.json").stdout)
+        assert summary["workers"] == 2 and summary["rank_steps"][0] == summary["rank_steps"][1]
+        # Key-only: without the key no method is left (a password is never asked for).
+        denied = podman("exec", launcher, "ssh", "-o", "PubkeyAuthentication=no", "-o", "PasswordAuthentication=yes",
+                        "-o", "KbdInteractiveAuthentication=yes", "node2", "true")
         assert denied.returncode != 0 and "Permission denied (publickey)" in denied.stderr, show(denied)
     finally:
-        for name in names:
-            podman("rm", "-f", "-t", "0", name)
+        for container in containers:
+            podman("rm", "-f", "-t", "0", container)
         podman("network", "rm", "-f", net)
 
 
+@IMAGE_TEST
 def test_no_certificate_or_key_is_left_in_any_image_layer(cpu_image, tmp_path):
     """Scan every layer of the saved image: the build's extra CAs and ssh host keys must be absent."""
     markers = []
