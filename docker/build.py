@@ -247,7 +247,8 @@ def build(args: argparse.Namespace) -> None:
         torch_version = build_args.get("TORCH_VERSION", defaults["TORCH_VERSION"])
         shutil.rmtree(CACHE / "torch", ignore_errors=True)
         wheel = fetch_torch_wheel(torch_version, "cp" + python.replace(".", ""), CACHE / "torch")
-        if wheel:
+        shutil.rmtree(CACHE / "hvdtrain", ignore_errors=True)
+        if wheel and not args.compile_horovod:
             seed_horovod_wheel(args.host_cache, horovod_cache_key(wheel.name, python))
     else:
         for sub in ("torch", "hvdtrain"):
@@ -288,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="make the base image with debootstrap first when it is not present locally")
     parser.add_argument("--no-host-wheels", action="store_true",
                         help="do not pass the host's torch and Horovod wheels into the build")
+    parser.add_argument("--compile-horovod", action="store_true",
+                        help="pass the host's torch wheel but not its Horovod wheel: the image compiles Horovod")
     parser.add_argument("--host-cache", type=Path, default=Path(os.environ.get(
         "HVDTRAIN_CACHE", Path.home() / ".cache" / "hvdtrain")), help="scripts/install-horovod's cache")
     args = parser.parse_args(argv)

@@ -211,9 +211,30 @@ def download_sdist(python: str, dest: Path, log: Path) -> Path:
     if proc.returncode != 0 or not archives:
         raise InstallError(f"pip could not download horovod=={HOROVOD_VERSION} (no network to "
                            f"the package index?); full log: {log}")
-    with tarfile.open(archives[0]) as tar:
-        tar.extractall(dest, filter="data")
+    extract_archive(archives[0], dest)
     return dest / f"horovod-{HOROVOD_VERSION}"
+
+
+def extract_archive(archive: Path, dest: Path, data_filter: bool = hasattr(tarfile, "data_filter")) -> None:
+    """Unpack a source archive, refusing members that would land outside `dest`.
+
+    Pythons with tarfile's extraction filters (3.12, and 3.11.4+) use the 'data' filter. Older ones
+    (Debian 12's python3 is 3.11.2) get the same refusal of absolute paths, `..`, links leaving
+    `dest` and device files, checked here before extracting.
+    """
+    with tarfile.open(archive) as tar:
+        if data_filter:
+            tar.extractall(dest, filter="data")
+            return
+        root = dest.resolve()
+        for member in tar.getmembers():
+            target = (dest / member.name).resolve()
+            link = (target.parent / member.linkname).resolve() if member.issym() else (
+                (dest / member.linkname).resolve() if member.islnk() else target)
+            if (not target.is_relative_to(root) or not link.is_relative_to(root)
+                    or member.isdev() or os.path.isabs(member.name)):
+                raise InstallError(f"{archive.name}: refusing unsafe member {member.name!r}")
+        tar.extractall(dest)
 
 
 def build_env(cuda: str | None, nccl: bool) -> dict[str, str]:

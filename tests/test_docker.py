@@ -8,6 +8,7 @@ fixture installs podman, runc and debootstrap itself; it skips only when podman 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -25,10 +26,11 @@ from hvdtrain import install_horovod as ih
 
 DOCKER = ROOT / "docker"
 DOCKERFILES = {"cpu": DOCKER / "Dockerfile.cpu", "gpu": DOCKER / "Dockerfile.gpu"}
-sys.path.insert(0, str(DOCKER))
-import build as docker_build  # noqa: E402  (docker/build.py: stdlib only, not a package)
-
-sys.path.pop(0)
+# docker/build.py is a stdlib script, not a package; loaded under a name that cannot clash with PyPA's `build`.
+_spec = importlib.util.spec_from_file_location("hvdtrain_docker_build", DOCKER / "build.py")
+assert _spec and _spec.loader
+docker_build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(docker_build)
 
 IMAGE = "hvdtrain:cpu"
 PODMAN = ["podman", "--runtime", "runc"]
@@ -321,6 +323,30 @@ def ensure_podman() -> str | None:
     if proc.returncode != 0:
         return f"podman cannot run here: {proc.stderr.strip()[-300:]}"
     return None
+
+
+def test_a_fresh_debian_machine_gets_podman_runc_and_debootstrap_from_apt(monkeypatch):
+    """What CI's fresh machine goes through before the image tests (here everything is installed)."""
+    installed: set[str] = set()
+    calls: list[list[str]] = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        if cmd[:2] == ["apt-get", "install"]:
+            installed.update(cmd[4:])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(shutil, "which", lambda cmd: f"/usr/bin/{cmd}" if cmd in installed | {"apt-get"} else None)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert ensure_podman() is None
+    assert calls[:2] == [["apt-get", "update"],
+                         ["apt-get", "install", "-y", "--no-install-recommends", "podman", "runc", "debootstrap"]]
+    assert calls[2] == [*PODMAN, "info"]
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    installed.clear()
+    assert ensure_podman() == ("podman, runc, debootstrap missing and not installable here "
+                               "(need root and apt-get)")
 
 
 def podman(*args: str, timeout: int = 600, **kwargs) -> subprocess.CompletedProcess:
