@@ -9,7 +9,7 @@ ARGS ?=
 STAMP := $(VENV)/.hvdtrain-setup-ok
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint doctor bench clean
+.PHONY: setup run test lint doctor bench clean docker-cpu docker-gpu
 
 setup: $(STAMP)
 
@@ -29,11 +29,21 @@ bench: setup
 	$(BIN)/python -m benchmarks.run $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check hvdtrain tests examples benchmarks
+	$(BIN)/ruff check hvdtrain tests examples benchmarks docker
 	$(BIN)/mypy
 
 doctor: setup
 	$(BIN)/hvdtrain doctor
 
+# Container images (docker/README.md): docker when its daemon answers, else podman (ENGINE=... to choose).
+# The CPU build reuses the host's torch and cached Horovod wheels; extra args e.g.
+# DOCKER_BUILD_ARGS='--build-arg CUDA_CC_LIST=90' or '--offline-base'.
+DOCKER_BUILD_ARGS ?=
+docker-cpu:
+	$(PYTHON) docker/build.py cpu $(DOCKER_BUILD_ARGS)
+
+docker-gpu:
+	$(PYTHON) docker/build.py gpu $(DOCKER_BUILD_ARGS)
+
 clean:
-	rm -rf $(VENV) runs bench-results .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs bench-results .pytest_cache .mypy_cache .ruff_cache docker/cache/torch docker/cache/hvdtrain

@@ -211,9 +211,30 @@ def download_sdist(python: str, dest: Path, log: Path) -> Path:
     if proc.returncode != 0 or not archives:
         raise InstallError(f"pip could not download horovod=={HOROVOD_VERSION} (no network to "
                            f"the package index?); full log: {log}")
-    with tarfile.open(archives[0]) as tar:
-        tar.extractall(dest, filter="data")
+    extract_archive(archives[0], dest)
     return dest / f"horovod-{HOROVOD_VERSION}"
+
+
+def extract_archive(archive: Path, dest: Path, data_filter: bool = hasattr(tarfile, "data_filter")) -> None:
+    """Unpack a source archive, refusing members that would land outside `dest`.
+
+    Pythons with tarfile's extraction filters (3.12, and 3.11.4+) use the 'data' filter. Older ones
+    (Debian 12's python3 is 3.11.2) get the same refusal of absolute paths, `..`, links leaving
+    `dest` and device files, checked here before extracting.
+    """
+    with tarfile.open(archive) as tar:
+        if data_filter:
+            tar.extractall(dest, filter="data")
+            return
+        root = dest.resolve()
+        for member in tar.getmembers():
+            target = (dest / member.name).resolve()
+            link = (target.parent / member.linkname).resolve() if member.issym() else (
+                (dest / member.linkname).resolve() if member.islnk() else target)
+            if (not target.is_relative_to(root) or not link.is_relative_to(root)
+                    or member.isdev() or os.path.isabs(member.name)):
+                raise InstallError(f"{archive.name}: refusing unsafe member {member.name!r}")
+        tar.extractall(dest)
 
 
 def build_env(cuda: str | None, nccl: bool) -> dict[str, str]:
@@ -282,10 +303,11 @@ def installed_matches(python: str, torch_version: str) -> bool:
     return run([python, "-c", code]).returncode == 0
 
 
-def install(python: str, cache_root: Path, force: bool, use_apt: bool = True) -> None:
+def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, test_tools: bool = True) -> None:
     (cache_root / "logs").mkdir(parents=True, exist_ok=True)
     # Before the early returns below: a machine with Horovod cached may still lack test tools.
-    ensure_test_tools(cache_root / "logs" / "test-tools.log", use_apt)
+    if test_tools:
+        ensure_test_tools(cache_root / "logs" / "test-tools.log", use_apt)
     torch_version, cuda = probe_torch(python)
     nccl = bool(cuda) and nccl_present()
     py = ".".join(map(str, sys.version_info[:2]))
@@ -302,10 +324,16 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True) ->
     cached = sorted(cache_dir.glob("horovod-*.whl"))
     if cached and not force:
         say(f"using cached wheel {cached[0]}")
-        install_wheel(python, cached[0], log)
-        verify(python)
-        say("verified: PyTorch, MPI and Gloo are built in")
-        return
+        try:
+            install_wheel(python, cached[0], log)
+            verify(python)
+        except InstallError as err:
+            # E.g. a wheel copied from another machine whose MPI libraries differ: build a fresh one.
+            say(f"the cached wheel does not work here ({str(err).splitlines()[0]}); removing it and building")
+            cached[0].unlink()
+        else:
+            say("verified: PyTorch, MPI and Gloo are built in")
+            return
     ensure_system_tools(log, use_apt)
     with tempfile.TemporaryDirectory(prefix="hvdtrain-horovod-") as tmp:
         src = download_sdist(python, Path(tmp), log)
@@ -328,9 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
     parser.add_argument("--no-apt", action="store_true",
                         help="never install system packages; stop and name the missing ones")
+    parser.add_argument("--no-test-tools", action="store_true",
+                        help="skip the tools only hvdtrain's tests need (sshd), e.g. in an image")
     args = parser.parse_args(argv)
     try:
-        install(sys.executable, args.cache_dir, args.force, use_apt=not args.no_apt)
+        install(sys.executable, args.cache_dir, args.force, use_apt=not args.no_apt,
+                test_tools=not args.no_test_tools)
     except InstallError as err:
         print(f"install-horovod: error: {err}", file=sys.stderr)
         return 1

@@ -73,7 +73,8 @@ def test_mpijob_is_an_mpijob_that_runs_horovodrun_on_every_slot(tmp_path):
     for role in replicas.values():
         assert [c["image"] for c in role["template"]["spec"]["containers"]] == ["hvdtrain:cpu"]
     worker = replicas["Worker"]["template"]["spec"]["containers"][0]
-    assert "/usr/sbin/sshd -De" in " ".join(worker["command"])
+    assert worker["command"] == ["hvdtrain-sshd"]     # docker/hvdtrain-sshd, in the image's PATH
+    assert (ROOT / "docker" / "hvdtrain-sshd").exists()
 
     script = launcher_script(job)
     (tmp_path / "launcher.sh").write_text(script)
@@ -94,7 +95,7 @@ def horovodrun_flags() -> set[str]:
 
 
 @pytest.mark.parametrize("path", ["README.md", "hostfiles/README.md", "examples/cluster/slurm.sbatch",
-                                  "examples/cluster/mpijob.yaml"])
+                                  "examples/cluster/mpijob.yaml", "docker/README.md"])
 def test_documented_horovodrun_commands_use_real_flags(path):
     """Every flag given to horovodrun in the docs and recipes is one horovodrun 0.28.1 knows."""
     text = (ROOT / path).read_text().replace("\\\n", " ")

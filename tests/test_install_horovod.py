@@ -130,3 +130,63 @@ def test_missing_test_tools_only_warn_and_name_the_package(tmp_path, capsys):
 def test_present_test_tools_install_nothing(tmp_path, capsys):
     assert ih.ensure_test_tools(tmp_path / "log", use_apt=True, which=lambda tool: tool) == []
     assert capsys.readouterr().out == ""
+
+
+def test_a_cached_wheel_that_does_not_verify_is_dropped_and_rebuilt(tmp_path, monkeypatch, capsys):
+    """E.g. a wheel copied into an image from a host whose MPI differs: not fatal, it is rebuilt."""
+    key = ih.cache_key(ih.HOROVOD_VERSION, "2.13.0+cpu", ".".join(map(str, sys.version_info[:2])), None, False)
+    cached = tmp_path / "wheels" / key / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("not really a wheel")
+    monkeypatch.setattr(ih, "probe_torch", lambda python: ("2.13.0+cpu", None))
+    monkeypatch.setattr(ih, "installed_matches", lambda python, torch: False)
+    monkeypatch.setattr(ih, "install_wheel", lambda python, wheel, log: None)
+
+    def broken(python):
+        raise ih.InstallError("horovodrun --check-build is missing MPI:\n[ ] MPI")
+
+    def rebuilding(python, dest, log):
+        raise ih.InstallError("reached the rebuild")
+
+    monkeypatch.setattr(ih, "verify", broken)
+    monkeypatch.setattr(ih, "ensure_system_tools", lambda log, use_apt=True: None)
+    monkeypatch.setattr(ih, "download_sdist", rebuilding)
+    with pytest.raises(ih.InstallError, match="reached the rebuild"):
+        ih.install(sys.executable, tmp_path, force=False, use_apt=False, test_tools=False)
+    assert not cached.exists()
+    out = capsys.readouterr().out
+    assert "the cached wheel does not work here (horovodrun --check-build is missing MPI:)" in out
+    assert "sshd" not in out          # test_tools=False: no note about tools only tests need
+
+
+@pytest.mark.parametrize("data_filter", [True, False])
+def test_source_archive_extraction_refuses_members_outside_the_folder(tmp_path, data_filter):
+    """Both paths: tarfile's 'data' filter, and the check used where Python lacks it (Debian 12's 3.11.2)."""
+    import io
+    import tarfile
+
+    def archive(name: str, *members: tarfile.TarInfo) -> Path:
+        path = tmp_path / name
+        with tarfile.open(path, "w:gz") as tar:
+            for member in members:
+                tar.addfile(member, io.BytesIO(b"x" * member.size) if member.isfile() else None)
+        return path
+
+    good = tarfile.TarInfo("horovod-0.28.1/setup.py")
+    good.size = 1
+    inside = tarfile.TarInfo("horovod-0.28.1/link")
+    inside.type, inside.linkname = tarfile.SYMTYPE, "setup.py"
+    dest = tmp_path / "ok"
+    dest.mkdir()
+    ih.extract_archive(archive("good.tar.gz", good, inside), dest, data_filter=data_filter)
+    assert (dest / "horovod-0.28.1/setup.py").read_bytes() == b"x"
+    escape = tarfile.TarInfo("../escape.txt")
+    escape.size = 1
+    link = tarfile.TarInfo("horovod-0.28.1/evil")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    for bad in (escape, link):
+        dest = tmp_path / f"bad-{bad.name.replace('/', '_')}"
+        dest.mkdir()
+        with pytest.raises((ih.InstallError, tarfile.TarError)):
+            ih.extract_archive(archive(f"{dest.name}.tar.gz", bad), dest, data_filter=data_filter)
+        assert not (tmp_path / "escape.txt").exists()
