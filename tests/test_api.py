@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 from torch.utils.data import TensorDataset
+from worker_fns import _raise_on_rank_1
 
 import hvdtrain
 from hvdtrain.launcher import LaunchError, WorkerError
@@ -19,18 +20,6 @@ def _rank_and_sum(x):
 
     world = dist.init()
     return world.rank, world.size, x, dist.allreduce_sum(torch.tensor([world.rank + 1.0]), name="api_sum").item()
-
-
-def _raise_on_rank_1():
-    import torch
-
-    from hvdtrain import dist
-
-    world = dist.init()
-    if world.rank == 1:
-        raise ValueError("planted failure on rank 1")
-    dist.allreduce_sum(torch.tensor([1.0]), name="waits_for_rank_1")
-    return "unreachable"
 
 
 def _fit_mlp(epochs):

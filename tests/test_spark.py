@@ -15,6 +15,7 @@ from pathlib import Path
 import pyspark  # noqa: F401 - a missing pyspark is a setup bug (EXTRAS in the Makefile), not a skip
 import pytest
 from conftest import ROOT, show
+from worker_fns import _raise_on_rank_1
 
 import hvdtrain
 import hvdtrain.spark
@@ -49,18 +50,6 @@ def spark():
         os.environ.update(saved)
     yield session
     session.stop()
-
-
-def _raise_on_rank_1():
-    import torch
-
-    from hvdtrain import dist
-
-    world = dist.init()
-    if world.rank == 1:
-        raise ValueError("planted failure on rank 1")
-    dist.allreduce_sum(torch.tensor([1.0]), name="waits_for_rank_1")
-    return "unreachable"
 
 
 @pytest.mark.parametrize("master, task_cpus, slots", [
