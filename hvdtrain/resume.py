@@ -15,7 +15,7 @@ def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
-def _read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Module,
+def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Load weights into this rank's model and optimizer; return what the other ranks need."""
     notes: list[str] = []
@@ -48,8 +48,14 @@ def resume_state(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
     """Apply --resume on every rank. Returns a line for rank 0 to print, or None when not resuming."""
     if not config.resume:
         return None
-    found = _read_on_root(config, run_path, model, optimizer) if world.is_root else None
+    found = read_on_root(config, run_path, model, optimizer) if world.is_root else None
     found = dist.broadcast_object(found, name="resume")
+    return apply_resume(found, progress, world, scaler)
+
+
+def apply_resume(found: dict[str, Any], progress: Any, world: dist.World,
+                 scaler: torch.amp.GradScaler | None = None) -> str | None:
+    """This rank's share of what rank 0 read: progress, its RNG state and metric sums, the loss scale."""
     if found.get("error"):
         raise UserError(found["error"])
     meta = found["payload"]

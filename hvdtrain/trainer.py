@@ -22,7 +22,7 @@ from hvdtrain.loading import build_loader
 from hvdtrain.models import build_model
 from hvdtrain.monitor import improved, patience_exhausted
 from hvdtrain.pipeline import place
-from hvdtrain.resume import resume_state
+from hvdtrain.resume import apply_resume, read_on_root, resume_state
 from hvdtrain.runlog import RunLog, plan_run_dir
 from hvdtrain.sampling import ShardSampler
 from hvdtrain.schedule import lr_at, scaled_lr
@@ -93,23 +93,35 @@ class Trainer:
 
         # Rank 0 decides the run directory and reads any checkpoint; every rank learns the verdict,
         # so none waits alone, and nothing is written before all input checks passed.
-        plan = dist.broadcast_object(plan_run_dir(config) if world.is_root else None, name="run_dir_plan")
-        if plan["error"]:
-            raise UserError(plan["error"])
-        self.run_path: str | None = plan["path"]
+        plan = plan_run_dir(config) if world.is_root else None
         # Horovod's wrapper is a new optimizer object: state is loaded into it, not into the original.
         self.optimizer: Any = dist.wrap_optimizer(
             optimizer, self.model, accumulate=config.accumulate, compression=config.compression, op=config.op,
             gradient_predivide_factor=config.gradient_predivide_factor)
         self.steps_in_backward = dist.steps_in_backward(config.op)
-        resumed = resume_state(config, self.run_path, self.model, self.optimizer, self.progress, world,
-                               self.scaler)
-        # A resumed fit() continues the interrupted call's LR schedule instead of starting a new one.
-        self._continue_fit = self.progress.fit_step > 0
-        dist.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
-        self.log = RunLog(self.run_path, config) if world.is_root and self.run_path else None
-        if self.log and resumed:
-            print(f"hvdtrain: {resumed}", flush=True)
+        self.run_path: str | None = None
+        self.log: RunLog | None = None
+        if config.elastic:
+            # Horovod elastic: a worker that joins a running job calls nothing collective before the
+            # state's first sync, which is the only call the running workers make with it. So rank 0's
+            # verdict and checkpoint ride in the elastic state (see _adopt_start), and no broadcast here.
+            self._start = {"plan": plan, "resume": None}
+            if world.is_root and config.resume and not plan["error"]:
+                found = read_on_root(config, plan["path"], self.model, self.optimizer)
+                self._start["resume"] = found
+                for name, value in ((found.get("payload") or {}).get("progress") or {}).items():
+                    setattr(self.progress, name, value)   # the sync hands rank 0's progress to all
+        else:
+            plan = dist.broadcast_object(plan, name="run_dir_plan")
+            if plan["error"]:
+                raise UserError(plan["error"])
+            self.run_path = plan["path"]
+            resumed = resume_state(config, self.run_path, self.model, self.optimizer, self.progress, world,
+                                   self.scaler)
+            dist.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
+            self.log = RunLog(self.run_path, config) if world.is_root and self.run_path else None
+            if self.log and resumed:
+                print(f"hvdtrain: {resumed}", flush=True)
 
         self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
         self.loader = build_loader(train_data, self.sampler, config, world.rank, self.device)
@@ -127,32 +139,61 @@ class Trainer:
         config, p = self.config, self.progress
         first_call = not self.history
         end_epoch = (epochs or config.epochs) + (0 if first_call else p.epoch)
-        if (not p.position and p.epoch >= end_epoch) or (config.max_steps and p.step >= config.max_steps):
-            raise UserError(f"nothing to do: the run already finished {p.epoch} of {end_epoch} epochs "
-                            f"({p.step} steps); raise --epochs (or --max-steps) to train longer")
-        if self.log:
-            print(f"hvdtrain: {self.world.size} worker(s), {len(self.train_data)} train / "
-                  f"{len(self.val_data) if self.val_data is not None else 0} held-out samples, LR x"
-                  f"{self.lr_scale:g} ({config.lr_scaling}), run dir {self.log.path}\n{to_yaml(config)}",
-                  flush=True)
-        if not self._continue_fit:
-            p.fit_step = 0
-        self._continue_fit = False
+        if not first_call:
+            p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
         start = time.perf_counter()
         if config.elastic:
-            state = dist.elastic_state(self.model, self.optimizer, **p.values())
+            state = dist.elastic_state(self.model, self.optimizer, start=self._start, **p.values())
             state.register_reset_callbacks([self._on_reset])
             dist.run_elastic(self._train)(state, end_epoch)
             for name in Progress.FIELDS:
                 setattr(p, name, getattr(state, name))
+            self._start = state.start
         else:
+            self._check_work_left(p, end_epoch)
+            self._announce()
             self._train(p, end_epoch)
         self._finish(time.perf_counter() - start)
         return self.history
 
+    def _check_work_left(self, p: Any, end_epoch: int) -> None:
+        config = self.config
+        if (not p.position and p.epoch >= end_epoch) or (config.max_steps and p.step >= config.max_steps):
+            raise UserError(f"nothing to do: the run already finished {p.epoch} of {end_epoch} epochs "
+                            f"({p.step} steps); raise --epochs (or --max-steps) to train longer")
+
+    def _announce(self) -> None:
+        if self.log:
+            print(f"hvdtrain: {self.world.size} worker(s), {len(self.train_data)} train / "
+                  f"{len(self.val_data) if self.val_data is not None else 0} held-out samples, LR x"
+                  f"{self.lr_scale:g} ({self.config.lr_scaling}), run dir {self.log.path}\n{to_yaml(self.config)}",
+                  flush=True)
+
+    def _adopt_start(self, p: Any, end_epoch: int) -> None:
+        """Elastic, after every (re)start of the loop: act on what rank 0 decided before the first sync."""
+        plan, found = p.start["plan"], p.start["resume"]
+        if plan["error"]:
+            raise UserError(plan["error"])        # on every rank at once: the verdict came by broadcast
+        self.run_path = plan["path"]
+        resumed = None
+        if found is not None:
+            resumed = apply_resume(found, p, self.world, self.scaler)
+            p.start = {"plan": plan, "resume": None}  # once: a worker joining later takes the synced state
+            self._check_work_left(p, end_epoch)
+        if self.world.is_root and self.log is None and self.run_path:
+            self.log = RunLog(self.run_path, self.config)  # rank 0 may be another process than at the start
+            self._announce()
+            if resumed:
+                print(f"hvdtrain: {resumed}", flush=True)
+        # Horovod commits only in commit(): without this, a failure before the first commit would restore
+        # each worker's own pre-sync weights (and a resumed run's progress without its weights).
+        p.save()
+
     def _train(self, p: Any, end_epoch: int) -> None:
         """The loop. `p` is a Progress, or Horovod's elastic state with the same fields."""
         config = self.config
+        if config.elastic:
+            self._adopt_start(p, end_epoch)
         # Planned here, not once: after an elastic reset the same epochs take a different number of steps.
         done_this_epoch = -(-p.position // (config.batch_size * config.accumulate * self.world.size))
         todo = (end_epoch - p.epoch) * self.steps_per_epoch - done_this_epoch
@@ -327,8 +368,6 @@ class Trainer:
         self.sampler.reshard(self.world.rank, self.world.size)
         self.steps_per_epoch = steps_per_epoch(len(self.train_data), self.world.size, self.config.batch_size)
         self.lr_scale = scaled_lr(1.0, self.world.size, self.config.lr_scaling)
-        if self.world.is_root and self.log is None and self.run_path:
-            self.log = RunLog(self.run_path, self.config)  # rank 0 may now be another process
 
     def _finish(self, wall: float) -> None:
         p = self.progress
