@@ -91,6 +91,9 @@ def summarise(name: str, spec: dict[str, Any], records: list[dict[str, Any]]) ->
     row.update({"params": first["params"], "grad_bytes": first["grad_bytes"], "batch_size": first["batch_size"],
                 "np": first["np"], "best_ms": min(times), "median_ms": statistics.median(times),
                 "round_best_ms": [r["best_ms"] for r in ok], "samples": len(times)})
+    cpu = [t for r in ok for t in r.get("cpu_ms", [])]
+    if cpu:
+        row["median_cpu_ms"] = statistics.median(cpu)  # rank 0's process CPU time per step (all threads)
     if spec["variant"] != "allreduce":
         row["samples_per_s"] = first["batch_size"] * first["np"] * 1e3 / row["best_ms"]
     return row
@@ -113,6 +116,10 @@ def ratios(groups: dict[str, dict[str, dict[str, Any]]], backends: list[str]) ->
             pairs += [(f"hvdtrain_vs_horovod_np2_{backend}", best(two, f"horovod-{backend}"), hvt),
                       (f"hvdtrain_vs_ddp_np2_{backend}", best(two, "ddp"), hvt)]
             compute, comm = best(two, "compute"), best(two, f"allreduce-{backend}")
+            comm_row = groups.get(two, {}).get(f"allreduce-{backend}", {})
+            if comm_row.get("median_cpu_ms") and comm_row.get("median_ms"):
+                # Near 1: the allreduce keeps its (one) core busy, so it cannot hide behind compute there.
+                r[f"allreduce_cpu_over_wall_{backend}"] = comm_row["median_cpu_ms"] / comm_row["median_ms"]
             if hvt and compute and comm:
                 # Step time over the ideal of perfect overlap: target <= 1.15.
                 r[f"step_over_max_compute_comm_{backend}"] = hvt / max(compute, comm)
@@ -135,8 +142,9 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"hvdtrain benchmarks  {result['meta']['started']}  load avg before/after "
              f"{result['meta']['loadavg_before']} / {result['meta']['loadavg_after']}  "
              f"({result['meta']['cpus']} CPUs; rounds={result['meta']['rounds']}, steps/run={result['meta']['steps']})",
-             "", f"{'group':<10} {'variant':<18} {'best ms':>9} {'median ms':>10} {'samples/s':>10} "
-             f"{'x best':>7} {'runs':>5}", "(x best: best ms over the group's fastest training variant)"]
+             "", f"{'group':<10} {'variant':<18} {'best ms':>9} {'median ms':>10} {'cpu ms':>7} {'samples/s':>10} "
+             f"{'x best':>7} {'runs':>5}", "(x best: best ms over the group's fastest training variant; cpu ms: "
+             "median CPU time per step of rank 0's process, all threads)"]
     for group, rows in result["groups"].items():
         fastest = min((r["best_ms"] for r in rows.values() if "best_ms" in r and r["variant"] != "allreduce"),
                       default=None)
@@ -147,8 +155,9 @@ def table(result: dict[str, Any]) -> str:
             sps = f"{row['samples_per_s']:.0f}" if "samples_per_s" in row else "-"
             rel = f"{row['best_ms'] / fastest:.2f}" if fastest else "-"
             failed = f" ({row['failed']} failed)" if row["failed"] else ""
+            cpu = f"{row['median_cpu_ms']:.1f}" if "median_cpu_ms" in row else "-"
             lines.append(f"{group:<10} {row['name']:<18} {row['best_ms']:>9.1f} {row['median_ms']:>10.1f} "
-                         f"{sps:>10} {rel:>7} {row['runs']:>5}{failed}")
+                         f"{cpu:>7} {sps:>10} {rel:>7} {row['runs']:>5}{failed}")
     lines += ["", "ratios (speed: >1 means hvdtrain faster; step_over_*: step time / ideal, lower is better)"]
     for model, r in result["ratios"].items():
         for key, value in r.items():

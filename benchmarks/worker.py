@@ -51,14 +51,25 @@ class StepClock:
 
     def __init__(self, model: nn.Module) -> None:
         self.stamps: list[float] = []
+        self.cpu_stamps: list[float] = []  # CPU time of the whole process (all its threads)
         model.register_forward_pre_hook(self._stamp)
 
     def _stamp(self, module: nn.Module, args: Any) -> None:
         if module.training:
-            self.stamps.append(time.perf_counter())
+            self.stamp()
+
+    def stamp(self) -> None:
+        self.stamps.append(time.perf_counter())
+        self.cpu_stamps.append(time.process_time())
 
     def step_ms(self, warmup: int) -> list[float]:
         gaps = [(b - a) * 1e3 for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
+        return gaps[warmup:]
+
+    def cpu_ms(self, warmup: int) -> list[float]:
+        """CPU time per step. With the rank pinned to one core, cpu / wall near 1 means that core had
+        no idle time left in which communication could have overlapped compute."""
+        gaps = [(b - a) * 1e3 for a, b in zip(self.cpu_stamps, self.cpu_stamps[1:], strict=False)]
         return gaps[warmup:]
 
 
@@ -137,17 +148,21 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
         # The gradient traffic of one step with no compute: every parameter-shaped tensor, async, then wait.
         grads = [(name, torch.randn_like(p)) for name, p in model.named_parameters()]
         for _ in range(total):
-            clock.stamps.append(time.perf_counter())
+            clock.stamp()
             handles = [hvd.allreduce_async_(g, name=f"allreduce.{name}") for name, g in reversed(grads)]
             for handle in handles:
                 hvd.synchronize(handle)
     else:
         raise SystemExit(f"unknown variant {args.variant}")
 
+    if args.variant == "ddp":
+        tdist.destroy_process_group()  # gloo's threads left running at exit can abort the process
     times = clock.step_ms(args.warmup)
+    cpu = clock.cpu_ms(args.warmup)
     return {"kind": "step", "variant": args.variant, "model": args.model, "np": size, "rank": rank,
             "core": core, "params": params, "grad_bytes": 4 * params, "batch_size": config.batch_size,
-            "step_ms": times, "best_ms": min(times), "median_ms": statistics.median(times)}
+            "step_ms": times, "best_ms": min(times), "median_ms": statistics.median(times),
+            "cpu_ms": cpu, "median_cpu_ms": statistics.median(cpu)}
 
 
 def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
@@ -190,6 +205,8 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
         factor = 2 * (size - 1) / size if args.variant != "bw-memcpy" else 1.0
         rows.append({"size_mb": mb, "bytes": nbytes, "best_ms": best * 1e3,
                      "median_ms": statistics.median(times) * 1e3, "busbw_gbs": nbytes * factor / best / 1e9})
+    if args.variant == "bw-torch":
+        tdist.destroy_process_group()  # gloo's threads left running at exit can abort the process
     return {"kind": "bandwidth", "variant": args.variant, "np": size, "rank": rank, "rows": rows}
 
 

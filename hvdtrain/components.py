@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
@@ -51,7 +51,9 @@ def autocast(precision: str, device: torch.device) -> AbstractContextManager:
     Parameters, gradients and the optimizer stay float32, so the allreduce sees float32 gradients
     (unless --compression fp16).
     """
-    return torch.autocast(device.type, dtype=_DTYPES.get(precision), enabled=precision in _DTYPES)
+    if precision not in _DTYPES:
+        return nullcontext()  # a disabled torch.autocast still costs ~15 us per step
+    return torch.autocast(device.type, dtype=_DTYPES[precision])
 
 
 def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:

@@ -67,7 +67,7 @@ class TrainConfig:
     keep_checkpoints: int = 3       # newest checkpoints kept in <run>/checkpoints
     resume: str = ""                # 'auto' (newest valid checkpoint of run --name, if any) or a path
     checkpoint_on_stop: bool = True  # on SIGINT/SIGTERM, write a checkpoint before exiting
-    nonfinite_limit: int = 5        # skip steps whose averaged gradients are not finite; abort after N in a row
+    nonfinite_limit: int = 5        # skip steps whose loss is not finite on some rank; abort after N in a row
     elastic: bool = False           # elastic training under horovodrun --min-np/--max-np (Gloo)
     commit_steps: int = 10          # elastic: steps between state commits (work redone after a failure)
     stages: int = 1                 # model parallel: split an nn.Sequential model into K stages, one device each

@@ -175,7 +175,23 @@ class SyncBatchNorm(hvd.SyncBatchNorm if hvd is not None else _BatchNorm):  # ty
 
 
 def allreduce_sum(tensor: torch.Tensor, name: str) -> torch.Tensor:
-    return hvd.allreduce(tensor, op=hvd.Sum, name=name)
+    # Alone, a sum is the tensor: skip Horovod's background-thread round trip (as its own
+    # DistributedOptimizer does at size 1).
+    return tensor.clone() if hvd.size() == 1 else hvd.allreduce(tensor, op=hvd.Sum, name=name)
+
+
+def allreduce_sum_async(tensor: torch.Tensor, name: str) -> Any:
+    """Start a sum; wait() returns it. Lets a small collective run while backward computes."""
+    return _Done(tensor.clone()) if hvd.size() == 1 else hvd.allreduce_async(tensor, op=hvd.Sum, name=name)
+
+
+@dataclass
+class _Done:
+    tensor: torch.Tensor
+
+
+def wait(handle: Any) -> torch.Tensor:
+    return handle.tensor if isinstance(handle, _Done) else hvd.synchronize(handle)
 
 
 def broadcast_object(obj: Any, name: str) -> Any:

@@ -99,6 +99,9 @@ class Trainer:
             optimizer, self.model, accumulate=config.accumulate, compression=config.compression, op=config.op,
             gradient_predivide_factor=config.gradient_predivide_factor)
         self.steps_in_backward = dist.steps_in_backward(config.op)
+        # The loss decides, not a pass over every gradient (that pass cost ~5% of an MLP step; see
+        # benchmarks/README.md). fp16 keeps the gradient check: an overflow there leaves the loss finite.
+        self.check_loss = bool(config.nonfinite_limit) and not self.steps_in_backward and self.scaler is None
         self.run_path: str | None = None
         self.log: RunLog | None = None
         if config.elastic:
@@ -226,14 +229,20 @@ class Trainer:
                     outputs = self.model(inputs)
                     loss = self.loss_fn(outputs, targets)
                 # Each micro-batch weighs its share of the step's samples: K batches of b make one of K*b.
-                share = loss * (len(targets) / step_samples(micro, config.batch_size, config.accumulate, shard_len))
+                weight = len(targets) / step_samples(micro, config.batch_size, config.accumulate, shard_len)
+                share = loss if weight == 1.0 else loss * weight
+                step_stats += batch_stats(loss.detach(), outputs.detach(), targets)
+                last_micro = (micro + 1) % config.accumulate == 0 or micro + 1 == len(self.loader)
+                loss_sum = None
+                if last_micro and self.check_loss:
+                    # Horovod: every rank's loss sum, added up while backward runs; non-finite anywhere -> on all.
+                    loss_sum = dist.allreduce_sum_async(step_stats[:1].clone(), name="step_loss")
                 # Horovod: a step's last backward starts the allreduces; earlier ones add up gradients locally.
                 (self.scaler.scale(share) if self.scaler else share).backward()
-                step_stats += batch_stats(loss.detach(), outputs.detach(), targets)
                 p.position += len(targets) * self.world.size
-                if (micro + 1) % config.accumulate and micro + 1 < len(self.loader):
+                if not last_micro:
                     continue                                # more micro-batches before this step
-                if self._step(p):
+                if self._step(p, loss_sum):
                     p.stats = p.stats + step_stats.cpu()
                 p.step += 1
                 p.fit_step += 1
@@ -262,7 +271,7 @@ class Trainer:
         if bar:
             bar.close()
 
-    def _step(self, p: Any) -> bool:
+    def _step(self, p: Any, loss_sum: Any) -> bool:
         """Apply the step's gradients, the same on every rank; False when skipped as non-finite."""
         if self.steps_in_backward:
             self.optimizer.step()                           # Horovod: combines the Adasum deltas from backward
@@ -270,7 +279,9 @@ class Trainer:
         self.optimizer.synchronize()                        # Horovod: averaged gradients, equal on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
-        applied = self._gradients_finite(p)
+            applied = self._gradients_finite(p)
+        else:
+            applied = loss_sum is None or self._finite(p, bool(torch.isfinite(dist.wait(loss_sum)).all()), "loss")
         if applied:
             with self.optimizer.skip_synchronize():
                 if self.scaler:
@@ -282,25 +293,30 @@ class Trainer:
         return applied
 
     def _gradients_finite(self, p: Any) -> bool:
-        """Averaged gradients are identical on every rank, so every rank reaches the same verdict."""
-        limit = self.config.nonfinite_limit
-        if not limit:
+        """fp16: the unscaled gradients decide (an overflow leaves the loss finite). They are identical on
+        every rank after the allreduce, so every rank reaches the same verdict."""
+        if not self.config.nonfinite_limit:
             return True
         grads = [param.grad for param in self.model.parameters() if param.grad is not None]
-        # One host sync per step: the price of deciding before the weights are touched. A tensor is
-        # finite iff its min and max are (NaN propagates through both): one read pass, no temporary.
-        # isfinite(g).all() wrote a bool copy of every gradient: ~5 ms of a 16 ms MLP step at 1 thread
-        # (benchmarks/README.md).
+        # A tensor is finite iff its min and max are (NaN propagates through both): one read pass.
         extremes = [v for g in grads if g.numel() for v in torch.aminmax(g)]
-        if not extremes or bool(torch.isfinite(torch.stack(extremes)).all()):
+        finite = not extremes or bool(torch.isfinite(torch.stack(extremes)).all())
+        if not finite and self.scaler and self.scaler.get_scale() >= 1.0:
+            p.skipped += 1
+            return False  # fp16 overflow at a large loss scale: routine, the scaler halves the scale
+        return self._finite(p, finite, "gradients")
+
+    def _finite(self, p: Any, finite: bool, what: str) -> bool:
+        """Count a non-finite step (the verdict is the same on every rank); abort after too many in a row."""
+        if finite:
             p.nonfinite = 0
             return True
         p.skipped += 1
-        if self.scaler and self.scaler.get_scale() >= 1.0:
-            return False  # fp16 overflow at a large loss scale: routine, the scaler halves the scale
         p.nonfinite += 1
+        limit = self.config.nonfinite_limit
         if p.nonfinite >= limit:
-            raise UserError(f"gradients were not finite for {limit} steps in a row (step {p.step + 1}, "
+            verb = "was" if what == "loss" else "were"
+            raise UserError(f"the {what} {verb} not finite for {limit} steps in a row (step {p.step + 1}, "
                             f"epoch {p.epoch + 1}); lower --lr, check the data for NaN/inf, or raise "
                             "--nonfinite-limit")
         return False

@@ -136,7 +136,7 @@ def test_divergence_aborts_every_rank_with_a_clear_message(tmp_path):
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     for rank in (0, 1):
-        assert f"[{rank}]<stderr>:hvdtrain: error: gradients were not finite for 3 steps in a row" in out, show(proc)
+        assert f"[{rank}]<stderr>:hvdtrain: error: the loss was not finite for 3 steps in a row" in out, show(proc)
 
 
 @pytest.mark.parametrize("make_bad, message", [
