@@ -54,8 +54,10 @@ def variants(np: int, backends: list[str]) -> list[dict[str, Any]]:
 
 
 def launch(spec: dict[str, Any], np: int, worker_args: list[str], env: dict[str, str],
-           timeout: int) -> dict[str, Any]:
-    """Run one worker job; return rank 0's BENCH record, or an error record (the table shows it)."""
+           timeout: int, drop: list[str] | None = None) -> dict[str, Any]:
+    """Run one worker job; return rank 0's BENCH record, or an error record (the table shows it).
+
+    env is added to this process's environment; drop names variables to remove from it."""
     launcher = spec["launcher"]
     worker = ["-m", "benchmarks.worker", "--variant", spec["variant"], "--launcher", launcher, *worker_args]
     if launcher == "horovodrun":
@@ -66,8 +68,8 @@ def launch(spec: dict[str, Any], np: int, worker_args: list[str], env: dict[str,
         cmd = [sys.executable, *worker]
     started = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
-                              timeout=timeout)
+        full_env = {key: value for key, value in {**os.environ, **env}.items() if key not in (drop or [])}
+        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
         out, code = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as err:
         out, code = f"{err.stdout or ''}{err.stderr or ''}timed out after {timeout}s", -1

@@ -53,3 +53,25 @@ def test_smoke_run_end_to_end(tmp_path):
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "hvdtrain-gloo" in (tmp_path / "results.md").read_text()
     assert "ratios" in proc.stdout
+
+
+def test_ab_settings_parse_and_refuse_bad_ones():
+    from benchmarks.ab import parse_setting
+
+    assert parse_setting("default:") == ("default", {})
+    assert parse_setting("c5:HOROVOD_CYCLE_TIME=5,HOROVOD_THREAD_AFFINITY=UNSET") == (
+        "c5", {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_THREAD_AFFINITY": "UNSET"})
+    for bad in ("nocolon", ":A=1", "x:A"):
+        with pytest.raises(SystemExit, match="benchmarks.ab"):
+            parse_setting(bad)
+
+
+def test_ab_alternates_settings_end_to_end():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.ab", "--smoke", "--reps", "2", "--steps", "6",
+                           "plain:", "cycle5:HOROVOD_CYCLE_TIME=5,HOROVOD_THREAD_AFFINITY=UNSET"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, show(proc)
+    order = [line.split()[2] for line in proc.stdout.splitlines() if line.startswith("rep ")]
+    assert order == ["plain", "cycle5", "cycle5", "plain"], proc.stdout  # A B, then B A
+    summaries = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY")]
+    assert len(summaries) == 2 and all("(2 runs)" in line for line in summaries), proc.stdout

@@ -1,0 +1,73 @@
+"""A/B one training variant at np=2 under different environment settings, alternating A B .. B A.
+
+    python -m benchmarks.ab --model cnn --backend gloo --reps 3 default: cycle5:HOROVOD_CYCLE_TIME=5
+    python -m benchmarks.ab --model mlp nopin:HOROVOD_THREAD_AFFINITY=UNSET default:
+
+Each setting is NAME:KEY=VALUE,KEY=VALUE (empty after the colon: the harness's own environment;
+VALUE UNSET removes KEY). Settings run in alternating order, one horovodrun job each, so machine
+drift hits all of them alike. Prints per-run best/p25/median ms and, at the end, best-of-best and
+the median of the runs' medians. This is how the tuning decisions in benchmarks/README.md were
+checked; use it before changing a default.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from typing import Any
+
+from benchmarks.run import ROOT, launch
+
+
+def parse_setting(text: str) -> tuple[str, dict[str, str]]:
+    name, sep, pairs = text.partition(":")
+    if not sep or not name:
+        raise SystemExit(f"benchmarks.ab: setting {text!r} is not NAME:KEY=VALUE,...; e.g. cycle5:HOROVOD_CYCLE_TIME=5")
+    env = {}
+    for pair in filter(None, pairs.split(",")):
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise SystemExit(f"benchmarks.ab: {pair!r} in {text!r} is not KEY=VALUE")
+        env[key] = value
+    return name, env
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("settings", nargs="+", help="NAME:KEY=VALUE,... (at least two)")
+    parser.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "mpi"])
+    parser.add_argument("--variant", default="hvdtrain", choices=["hvdtrain", "horovod", "allreduce"])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--smoke", action="store_true", help="tiny model: checks the tool, not speed")
+    args = parser.parse_args()
+    settings = [parse_setting(text) for text in args.settings]
+    # As benchmarks.run sets them: the repo importable by workers, Horovod's thread beside its pinned rank.
+    base = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "HOROVOD_THREAD_AFFINITY": "0,1"}
+    spec = {"variant": args.variant, "launcher": "horovodrun", "backend": args.backend}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in settings}
+    for rep in range(args.reps):
+        for name, extra in settings if rep % 2 == 0 else settings[::-1]:
+            env = {key: value for key, value in {**base, **extra}.items() if value != "UNSET"}
+            unset = [key for key, value in extra.items() if value == "UNSET"]
+            rec = launch(spec, 2, ["--steps", str(args.steps), "--warmup", "3", "--threads", "1", "--pin",
+                                   "--model", args.model, *(["--smoke"] if args.smoke else [])], env, args.timeout,
+                         drop=unset)
+            if "error" in rec:
+                print(f"rep {rep} {name}: {rec['error']}\n{rec['output_tail'][-800:]}", flush=True)
+                continue
+            times = sorted(rec["step_ms"])
+            runs[name].append(rec)
+            print(f"rep {rep} {name:<14} best {times[0]:7.2f}  p25 {times[len(times) // 4]:7.2f}  "
+                  f"median {statistics.median(times):7.2f} ms", flush=True)
+    for name, recs in runs.items():
+        if recs:
+            print(f"SUMMARY {name:<14} best-of-best {min(r['best_ms'] for r in recs):7.2f}  median of medians "
+                  f"{statistics.median(r['median_ms'] for r in recs):7.2f} ms  ({len(recs)} runs)")
+
+
+if __name__ == "__main__":
+    main()
