@@ -109,6 +109,7 @@ class Trainer:
             # state's first sync, which is the only call the running workers make with it. So rank 0's
             # verdict and checkpoint ride in the elastic state (see _adopt_start), and no broadcast here.
             self._start = {"plan": plan, "resume": None}
+            self._own_stats: torch.Tensor | None = None
             if world.is_root and config.resume and not plan["error"]:
                 found = read_on_root(config, plan["path"], self.model, self.optimizer)
                 self._start["resume"] = found
@@ -147,7 +148,7 @@ class Trainer:
         start = time.perf_counter()
         if config.elastic:
             state = dist.elastic_state(self.model, self.optimizer, start=self._start, **p.values())
-            state.register_reset_callbacks([self._on_reset])
+            state.register_reset_callbacks([lambda: self._on_reset(state)])
             dist.run_elastic(self._train)(state, end_epoch)
             for name in Progress.FIELDS:
                 setattr(p, name, getattr(state, name))
@@ -175,6 +176,9 @@ class Trainer:
     def _adopt_start(self, p: Any, end_epoch: int) -> None:
         """Elastic, after every (re)start of the loop: act on what rank 0 decided before the first sync."""
         plan, found = p.start["plan"], p.start["resume"]
+        # Metric sums are per rank: a survivor keeps its own, a worker that just joined starts from zero.
+        p.stats = self._own_stats if self._own_stats is not None else torch.zeros(3, dtype=torch.float64)
+        self._own_stats = None
         if plan["error"]:
             raise UserError(plan["error"])        # on every rank at once: the verdict came by broadcast
         self.run_path = plan["path"]
@@ -378,8 +382,11 @@ class Trainer:
                 **({"scaler": self.scaler.state_dict()} if self.scaler else {})}, self.config.keep_checkpoints)
         return str(path) if path else None
 
-    def _on_reset(self) -> None:
+    def _on_reset(self, state: Any) -> None:
         """Elastic: workers joined or left. Re-shard the rest of the epoch and rescale the LR."""
+        # This rank's own metric sums (restored to the last commit after a failure): the sync that
+        # follows hands every rank rank 0's, which would count rank 0's share once per worker.
+        self._own_stats = state.stats
         self.world = dist.world()
         self.sampler.reshard(self.world.rank, self.world.size)
         self.steps_per_epoch = steps_per_epoch(len(self.train_data), self.world.size, self.config.batch_size)

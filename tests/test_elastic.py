@@ -122,6 +122,16 @@ def epoch_coverage(run: Path, steps: dict[int, list[int]]) -> list[tuple[int, li
     return result
 
 
+def epoch_records(run: Path) -> list[dict]:
+    """The last record of each epoch (a redone epoch end overwrites the earlier one)."""
+    records = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "epoch":
+            records[record["epoch"]] = record
+    return [records[epoch] for epoch in sorted(records)]
+
+
 def worker_on(proc: subprocess.Popen, host: str) -> psutil.Process:
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
@@ -190,6 +200,11 @@ def test_removing_a_host_and_adding_it_back_shrinks_and_regrows_without_losing_a
     assert len(set(summary["param_digests"])) == 1
     coverage = epoch_coverage(tmp_path / "elastic", effective_steps(probe_lines(tmp_path)))
     assert len(coverage) == 12
+    # Training metrics are per-rank sums: a joining worker must not bring a copy of rank 0's.
+    # (A worker that leaves takes its share of the epoch's sums with it, so those epochs count less.)
+    for record in epoch_records(tmp_path / "elastic"):
+        counted = round(record["samples_per_s"] * record["epoch_time_s"])
+        assert TRAIN_SAMPLES * 0.5 <= counted <= TRAIN_SAMPLES + 2, record
     for epoch, missing, repeated in coverage:
         assert not missing and not repeated, (epoch, missing[:10], repeated[:10])
 
