@@ -1,7 +1,7 @@
 """A/B one training variant at np=2 under different environment settings, alternating A B .. B A.
 
     python -m benchmarks.ab --model cnn --backend gloo --reps 3 default: cycle5:HOROVOD_CYCLE_TIME=5
-    python -m benchmarks.ab --model mlp nopin:HOROVOD_THREAD_AFFINITY=UNSET default:
+    python -m benchmarks.ab --model mlp pinned:HOROVOD_THREAD_AFFINITY=0,1 default:
 
 Each setting is NAME:KEY=VALUE,KEY=VALUE (empty after the colon: the harness's own environment;
 VALUE UNSET removes KEY). Settings run in alternating order, one horovodrun job each, so machine
@@ -23,12 +23,16 @@ def parse_setting(text: str) -> tuple[str, dict[str, str]]:
     name, sep, pairs = text.partition(":")
     if not sep or not name:
         raise SystemExit(f"benchmarks.ab: setting {text!r} is not NAME:KEY=VALUE,...; e.g. cycle5:HOROVOD_CYCLE_TIME=5")
-    env = {}
-    for pair in filter(None, pairs.split(",")):
-        key, eq, value = pair.partition("=")
-        if not eq:
-            raise SystemExit(f"benchmarks.ab: {pair!r} in {text!r} is not KEY=VALUE")
-        env[key] = value
+    env: dict[str, str] = {}
+    key = None
+    for piece in filter(None, pairs.split(",")):
+        if "=" in piece:
+            key, _, value = piece.partition("=")
+            env[key] = value
+        elif key is not None:
+            env[key] += "," + piece  # a value with commas, e.g. HOROVOD_THREAD_AFFINITY=0,1
+        else:
+            raise SystemExit(f"benchmarks.ab: {piece!r} in {text!r} is not KEY=VALUE")
     return name, env
 
 
@@ -44,18 +48,19 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny model: checks the tool, not speed")
     args = parser.parse_args()
     settings = [parse_setting(text) for text in args.settings]
-    # As benchmarks.run sets them: the repo importable by workers, Horovod's thread beside its pinned rank.
-    base = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            "HOROVOD_THREAD_AFFINITY": "0,1"}
+    # A setting's HVDTRAIN_ARGS is passed to the hvdtrain variant as flags, e.g. "--nonfinite-limit 0".
+    # As benchmarks.run sets it: the repo importable by the workers.
+    base = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     spec = {"variant": args.variant, "launcher": "horovodrun", "backend": args.backend}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in settings}
     for rep in range(args.reps):
         for name, extra in settings if rep % 2 == 0 else settings[::-1]:
             env = {key: value for key, value in {**base, **extra}.items() if value != "UNSET"}
             unset = [key for key, value in extra.items() if value == "UNSET"]
+            flags = ["--hvdtrain-args", env.pop("HVDTRAIN_ARGS")] if "HVDTRAIN_ARGS" in env else []
             rec = launch(spec, 2, ["--steps", str(args.steps), "--warmup", "3", "--threads", "1", "--pin",
-                                   "--model", args.model, *(["--smoke"] if args.smoke else [])], env, args.timeout,
-                         drop=unset)
+                                   "--model", args.model, *(["--smoke"] if args.smoke else []), *flags], env,
+                         args.timeout, drop=unset)
             if "error" in rec:
                 print(f"rep {rep} {name}: {rec['error']}\n{rec['output_tail'][-800:]}", flush=True)
                 continue

@@ -253,9 +253,10 @@ def run(args: argparse.Namespace, partial: Path | None = None) -> dict[str, Any]
     backends = [b for b in args.backends.split(",") if b]
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(args.threads)}
-    if args.pin:
-        # Horovod: its background thread on the same core as its rank (local rank i -> core i).
-        env["HOROVOD_THREAD_AFFINITY"] = ",".join(str(i) for i in range(max(nps)))
+    # No HOROVOD_THREAD_AFFINITY: communication threads (Horovod's background thread, DDP's gloo
+    # threads) are started in init, before the worker pins its rank, so both keep the process's
+    # first affinity alike, as in a real hvdtrain run, which pins nothing. (Pinning Horovod's thread
+    # to its rank's core, as earlier runs did, handicapped Horovod against DDP.)
     env.update(kv.split("=", 1) for kv in args.env)
     worker_args = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     worker_args += ["--pin"] if args.pin else []

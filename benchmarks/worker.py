@@ -36,14 +36,15 @@ SMOKE_MODELS = {
 }
 
 
-def bench_config(model: str, steps: int, size: int, smoke: bool, threads: int) -> TrainConfig:
+def bench_config(model: str, steps: int, size: int, smoke: bool, threads: int,
+                 extra: list[str] | None = None) -> TrainConfig:
     """The trainer's config for a workload: enough samples that every timed step lies in epoch one."""
     spec = (SMOKE_MODELS if smoke else MODELS)[model]
     samples = (steps + 2) * int(spec["batch_size"]) * size * 2
     values = {**spec, "dataset": "synthetic", "synthetic_samples": samples, "val_fraction": 0.05,
               "max_steps": steps, "threads": threads, "run_dir": "", "lr_scaling": "none", "warmup_epochs": 0,
               "lr_decay": "none", "lr": 0.01, "device": "cpu"}
-    return load_config(None, [f"--{k.replace('_', '-')}={v}" for k, v in values.items()])
+    return load_config(None, [f"--{k.replace('_', '-')}={v}" for k, v in values.items()] + (extra or []))
 
 
 class StepClock:
@@ -120,7 +121,8 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
         rank, size = tdist.get_rank(), tdist.get_world_size()
     core = pin(int(os.environ.get("LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK", rank)))) if args.pin else None
     torch.set_num_threads(args.threads)
-    config = bench_config(args.model, total, size, args.smoke, args.threads)
+    config = bench_config(args.model, total, size, args.smoke, args.threads,
+                          args.hvdtrain_args.split() if args.variant == "hvdtrain" else None)
     torch.manual_seed(config.seed)
     data, loader = local_loader(config, rank, size)
     model = build_model(config, tuple(data.train[0][0].shape), data.num_classes)
@@ -222,6 +224,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--sizes", type=lambda s: [float(x) for x in s.split(",")], default=[1, 4, 16, 64])
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--hvdtrain-args", default="", help="extra hvdtrain flags for the hvdtrain variant, "
+                        "e.g. '--nonfinite-limit 0'")
     args = parser.parse_args()
     result = run_sweep(args) if args.variant.startswith("bw-") else run_steps(args)
     if result["rank"] == 0:

@@ -61,6 +61,7 @@ def test_ab_settings_parse_and_refuse_bad_ones():
     assert parse_setting("default:") == ("default", {})
     assert parse_setting("c5:HOROVOD_CYCLE_TIME=5,HOROVOD_THREAD_AFFINITY=UNSET") == (
         "c5", {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_THREAD_AFFINITY": "UNSET"})
+    assert parse_setting("p:HOROVOD_THREAD_AFFINITY=0,1,B=2") == ("p", {"HOROVOD_THREAD_AFFINITY": "0,1", "B": "2"})
     for bad in ("nocolon", ":A=1", "x:A"):
         with pytest.raises(SystemExit, match="benchmarks.ab"):
             parse_setting(bad)
