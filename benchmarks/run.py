@@ -13,11 +13,11 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -55,29 +55,32 @@ def variants(np: int, backends: list[str]) -> list[dict[str, Any]]:
 
 def launch(spec: dict[str, Any], np: int, worker_args: list[str], env: dict[str, str],
            timeout: int, drop: list[str] | None = None) -> dict[str, Any]:
-    """Run one worker job; return rank 0's BENCH record, or an error record (the table shows it).
+    """Run one worker job; return rank 0's record, or an error record (the table shows it).
 
     env is added to this process's environment; drop names variables to remove from it."""
     launcher = spec["launcher"]
-    worker = ["-m", "benchmarks.worker", "--variant", spec["variant"], "--launcher", launcher, *worker_args]
-    if launcher == "horovodrun":
-        cmd = horovodrun(np, spec["backend"], env) + worker
-    elif launcher == "torchrun":
-        cmd = torchrun(np) + worker
-    else:
-        cmd = [sys.executable, *worker]
-    started = time.perf_counter()
-    try:
-        full_env = {key: value for key, value in {**os.environ, **env}.items() if key not in (drop or [])}
-        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-        out, code = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as err:
-        out, code = f"{err.stdout or ''}{err.stderr or ''}timed out after {timeout}s", -1
-    found = re.search(r"BENCH (\{.*\})", out if isinstance(out, str) else out.decode())
-    if code != 0 or not found:
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as scratch:
+        result = Path(scratch) / "result.json"
+        worker = ["-m", "benchmarks.worker", "--variant", spec["variant"], "--launcher", launcher,
+                  "--result", str(result), *worker_args]
+        if launcher == "horovodrun":
+            cmd = horovodrun(np, spec["backend"], env) + worker
+        elif launcher == "torchrun":
+            cmd = torchrun(np) + worker
+        else:
+            cmd = [sys.executable, *worker]
+        started = time.perf_counter()
+        try:
+            full_env = {key: value for key, value in {**os.environ, **env}.items() if key not in (drop or [])}
+            proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+            out, code = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as err:
+            out, code = f"{err.stdout or ''}{err.stderr or ''}timed out after {timeout}s", -1
+        record = json.loads(result.read_text()) if code == 0 and result.exists() else None
+    if record is None:
         tail = (out if isinstance(out, str) else out.decode())[-1500:]
         return {"error": f"exit {code}", "output_tail": tail, "launch_s": time.perf_counter() - started}
-    return {**json.loads(found.group(1)), "launch_s": time.perf_counter() - started}
+    return {**record, "launch_s": time.perf_counter() - started}
 
 
 def summarise(name: str, spec: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """One benchmark process (one rank): a training-step variant or an allreduce sweep, timed in-process.
 
 Launched by benchmarks/run.py, never by hand: directly (one process), under horovodrun (Horovod
-variants) or under torchrun (DDP, torch.distributed). Rank 0 prints one `BENCH {json}` line.
+variants) or under torchrun (DDP, torch.distributed). Rank 0 writes its JSON record to --result and
+prints a short `BENCH {json}` summary line.
 
 Every step variant is timed the same way: a forward pre-hook stamps the start of each training
 forward pass, so a step's time is the gap between consecutive stamps. That covers the data loader,
@@ -14,6 +15,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -224,12 +226,16 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--sizes", type=lambda s: [float(x) for x in s.split(",")], default=[1, 4, 16, 64])
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--result", help="file for rank 0's JSON record (benchmarks.run reads it)")
     parser.add_argument("--hvdtrain-args", default="", help="extra hvdtrain flags for the hvdtrain variant, "
                         "e.g. '--nonfinite-limit 0'")
     args = parser.parse_args()
     result = run_sweep(args) if args.variant.startswith("bw-") else run_steps(args)
     if result["rank"] == 0:
-        print("BENCH " + json.dumps(result), flush=True)
+        if args.result:
+            # A file, not only stdout: launchers may split or interleave a long line (seen under --mpi).
+            Path(args.result).write_text(json.dumps(result))
+        print(f"BENCH {json.dumps({k: v for k, v in result.items() if k not in ('step_ms', 'cpu_ms')})}", flush=True)
 
 
 if __name__ == "__main__":
