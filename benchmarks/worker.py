@@ -66,14 +66,16 @@ class StepClock:
         self.cpu_stamps.append(time.process_time())
 
     def step_ms(self, warmup: int) -> list[float]:
-        gaps = [(b - a) * 1e3 for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
-        return gaps[warmup:]
+        return _gaps_ms(self.stamps)[warmup:]
 
     def cpu_ms(self, warmup: int) -> list[float]:
         """CPU time per step. With the rank pinned to one core, cpu / wall near 1 means that core had
         no idle time left in which communication could have overlapped compute."""
-        gaps = [(b - a) * 1e3 for a, b in zip(self.cpu_stamps, self.cpu_stamps[1:], strict=False)]
-        return gaps[warmup:]
+        return _gaps_ms(self.cpu_stamps)[warmup:]
+
+
+def _gaps_ms(stamps: list[float]) -> list[float]:
+    return [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
 def pin(rank: int) -> int | None:

@@ -111,10 +111,8 @@ class Trainer:
             self._start = {"plan": plan, "resume": None}
             self._own_stats: torch.Tensor | None = None
             if world.is_root and config.resume and not plan["error"]:
-                found = read_on_root(config, plan["path"], self.model, self.optimizer)
-                self._start["resume"] = found
-                for name, value in ((found.get("payload") or {}).get("progress") or {}).items():
-                    setattr(self.progress, name, value)   # the sync hands rank 0's progress to all
+                # Weights and optimizer state now (the sync hands them to all); progress after the sync.
+                self._start["resume"] = read_on_root(config, plan["path"], self.model, self.optimizer)
         else:
             plan = dist.broadcast_object(plan, name="run_dir_plan")
             if plan["error"]:
@@ -240,7 +238,7 @@ class Trainer:
                 loss_sum = None
                 if last_micro and self.check_loss:
                     # Horovod: every rank's loss sum, added up while backward runs; non-finite anywhere -> on all.
-                    loss_sum = dist.allreduce_sum_async(step_stats[:1].clone(), name="step_loss")
+                    loss_sum = dist.allreduce_sum_async(step_stats[:1], name="step_loss")
                 # Horovod: a step's last backward starts the allreduces; earlier ones add up gradients locally.
                 (self.scaler.scale(share) if self.scaler else share).backward()
                 p.position += len(targets) * self.world.size

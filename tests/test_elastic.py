@@ -102,11 +102,7 @@ def effective_steps(lines: list[dict]) -> dict[int, list[int]]:
 
 def epoch_coverage(run: Path, steps: dict[int, list[int]]) -> list[tuple[int, list[int], list[int]]]:
     """Per epoch: (epoch, missing samples, repeated samples beyond the last step's padding)."""
-    ends = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["kind"] == "epoch":
-            ends[record["epoch"]] = record["step"]  # a redone epoch end overwrites the earlier one
+    ends = {record["epoch"]: record["step"] for record in epoch_records(run)}
     result, start = [], 0
     for epoch in sorted(ends):
         counts: dict[int, int] = defaultdict(int)
