@@ -55,6 +55,23 @@ def variants(np: int, backends: list[str]) -> list[dict[str, Any]]:
 
 def launch(spec: dict[str, Any], np: int, worker_args: list[str], env: dict[str, str],
            timeout: int, drop: list[str] | None = None) -> dict[str, Any]:
+    """launch_once, and once more if it failed: a multi-process start can fail for reasons outside
+    the variant (seen once in CI: torchrun's DDP exit 1 that no rerun reproduced). The failure is
+    printed and kept in the record ("retried_after"), so a retry never hides what happened."""
+    record = launch_once(spec, np, worker_args, env, timeout, drop)
+    if "error" not in record:
+        return record
+    print(f"[bench] {spec['variant']} np={np} failed ({record['error']}), retrying once; its output ends:\n"
+          f"{record['output_tail']}", file=sys.stderr, flush=True)
+    retry = launch_once(spec, np, worker_args, env, timeout, drop)
+    if "error" in retry:
+        print(f"[bench] {spec['variant']} np={np} failed again ({retry['error']}); its output ends:\n"
+              f"{retry['output_tail']}", file=sys.stderr, flush=True)
+    return {**retry, "retried_after": record["output_tail"]}
+
+
+def launch_once(spec: dict[str, Any], np: int, worker_args: list[str], env: dict[str, str],
+                timeout: int, drop: list[str] | None = None) -> dict[str, Any]:
     """Run one worker job; return rank 0's record, or an error record (the table shows it).
 
     env is added to this process's environment; drop names variables to remove from it."""
@@ -87,6 +104,9 @@ def summarise(name: str, spec: dict[str, Any], records: list[dict[str, Any]]) ->
     ok = [r for r in records if "error" not in r]
     row: dict[str, Any] = {"name": name, "variant": spec["variant"], "launcher": spec["launcher"],
                            "backend": spec.get("backend"), "runs": len(records), "failed": len(records) - len(ok)}
+    retried = [r["retried_after"] for r in records if "retried_after" in r]
+    if retried:
+        row["retried"], row["retried_after"] = len(retried), retried
     if len(ok) < len(records):
         row["errors"] = [r["output_tail"] for r in records if "error" in r]  # kept: a failure is a result too
     if not ok:
@@ -160,6 +180,7 @@ def table(result: dict[str, Any]) -> str:
             sps = f"{row['samples_per_s']:.0f}" if "samples_per_s" in row else "-"
             rel = f"{row['best_ms'] / fastest:.2f}" if fastest else "-"
             failed = f" ({row['failed']} failed)" if row["failed"] else ""
+            failed += f" ({row['retried']} retried)" if row.get("retried") else ""
             cpu = f"{row['median_cpu_ms']:.1f}" if "median_cpu_ms" in row else "-"
             lines.append(f"{group:<10} {row['name']:<18} {row['best_ms']:>9.1f} {row['median_ms']:>10.1f} "
                          f"{cpu:>7} {sps:>10} {rel:>7} {row['runs']:>5}{failed}")

@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import ROOT, show
 
-from benchmarks.run import parse_args, ratios, variants
+from benchmarks.run import launch, parse_args, ratios, variants
 
 pytestmark = pytest.mark.multirank
 
@@ -30,6 +30,15 @@ def test_ratios_are_speed_ratios():
     assert r["hvdtrain_vs_ddp_np2_gloo"] == pytest.approx(1.25)
     assert r["step_over_max_compute_comm_gloo"] == pytest.approx(20 / 16)
     assert r["scaling_efficiency_hvdtrain_gloo"] == pytest.approx(0.5)
+
+
+def test_a_failed_launch_is_retried_once_and_both_failures_are_reported(capsys):
+    record = launch({"variant": "no-such-variant", "launcher": "python"}, 1, ["--steps", "1", "--smoke"], {}, 120)
+    assert record["error"] == "exit 1"
+    assert "unknown variant no-such-variant" in record["retried_after"]
+    assert "unknown variant no-such-variant" in record["output_tail"]
+    err = capsys.readouterr().err
+    assert "retrying once" in err and "failed again" in err
 
 
 def test_smoke_run_end_to_end(tmp_path):
