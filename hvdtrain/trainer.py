@@ -387,7 +387,8 @@ class Trainer:
         self._own_stats = state.stats
         self.world = dist.world()
         self.sampler.reshard(self.world.rank, self.world.size)
-        self.steps_per_epoch = steps_per_epoch(len(self.train_data), self.world.size, self.config.batch_size)
+        self.steps_per_epoch = steps_per_epoch(len(self.train_data), self.world.size, self.config.batch_size,
+                                               self.config.accumulate)
         self.lr_scale = scaled_lr(1.0, self.world.size, self.config.lr_scaling)
 
     def _finish(self, wall: float) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -117,6 +118,16 @@ def test_same_seed_same_parameters_other_seed_other_parameters(one_worker):
     first = digest("7")
     assert digest("7") == first  # bit for bit: a digest of every parameter's bytes
     assert digest("8") != first
+
+
+def test_an_elastic_reset_keeps_counting_steps_of_accumulated_micro_batches(one_worker):
+    config = load_config(None, [*MLP, "--accumulate", "4", "--run-dir", ""])
+    data = build_data(config)
+    trainer = Trainer(build_model(config, (1, 8, 8), 10), data.train, data.val, config=config)
+    before = trainer.steps_per_epoch
+    assert before == steps_per_epoch(len(data.train), 1, config.batch_size, accumulate=4)
+    trainer._on_reset(SimpleNamespace(stats=None))  # what Horovod calls after workers join or leave
+    assert trainer.steps_per_epoch == before
 
 
 def test_fp16_on_a_cpu_worker_is_a_user_error_before_training(tmp_path, one_worker):
