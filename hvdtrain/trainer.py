@@ -108,9 +108,9 @@ class Trainer:
             # Horovod elastic: a worker that joins a running job calls nothing collective before the
             # state's first sync, which is the only call the running workers make with it. So rank 0's
             # verdict and checkpoint ride in the elastic state (see _adopt_start), and no broadcast here.
-            self._start = {"plan": plan, "resume": None}
+            self._start: dict[str, Any] = {"plan": plan, "resume": None}
             self._own_stats: torch.Tensor | None = None
-            if world.is_root and config.resume and not plan["error"]:
+            if plan is not None and config.resume and not plan["error"]:  # rank 0 only
                 # Weights and optimizer state now (the sync hands them to all); progress after the sync.
                 self._start["resume"] = read_on_root(config, plan["path"], self.model, self.optimizer)
         else:
@@ -235,16 +235,17 @@ class Trainer:
                 share = loss if weight == 1.0 else loss * weight
                 step_stats += batch_stats(loss.detach(), outputs.detach(), targets)
                 last_micro = (micro + 1) % config.accumulate == 0 or micro + 1 == len(self.loader)
-                loss_sum = None
-                if last_micro and self.check_loss:
-                    # Horovod: every rank's loss sum, added up while backward runs; non-finite anywhere -> on all.
-                    loss_sum = dist.allreduce_sum_async(step_stats[:1], name="step_loss")
                 # Horovod: a step's last backward starts the allreduces; earlier ones add up gradients locally.
                 (self.scaler.scale(share) if self.scaler else share).backward()
                 p.position += len(targets) * self.world.size
                 if not last_micro:
                     continue                                # more micro-batches before this step
-                if self._step(p, loss_sum):
+                loss_flag = None
+                if self.check_loss:
+                    # Horovod: non-finite loss on any rank -> skip on all; rides in the gradients' last allreduce.
+                    loss_flag = dist.nonfinite_flag_async(step_stats[:1], "step_loss",
+                                                          config.gradient_predivide_factor)
+                if self._step(p, loss_flag):
                     p.stats = p.stats + step_stats.cpu()
                 p.step += 1
                 p.fit_step += 1
@@ -273,7 +274,7 @@ class Trainer:
         if bar:
             bar.close()
 
-    def _step(self, p: Any, loss_sum: Any) -> bool:
+    def _step(self, p: Any, loss_flag: Any) -> bool:
         """Apply the step's gradients, the same on every rank; False when skipped as non-finite."""
         if self.steps_in_backward:
             self.optimizer.step()                           # Horovod: combines the Adasum deltas from backward
@@ -283,7 +284,7 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
             applied = self._gradients_finite(p)
         else:
-            applied = loss_sum is None or self._finite(p, bool(torch.isfinite(dist.wait(loss_sum)).all()), "loss")
+            applied = loss_flag is None or self._finite(p, bool(torch.isfinite(dist.wait(loss_flag)).all()), "loss")
         if applied:
             with self.optimizer.skip_synchronize():
                 if self.scaler:

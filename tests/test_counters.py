@@ -82,6 +82,10 @@ def test_bytes_per_step_and_one_fused_allreduce_per_step(tmp_path):
     # every tensor copied through the fusion buffer.
     operations = fused_operations(timeline, gradients)
     assert operations == [tensors] * steps, operations
+    # The Trainer's non-finite-loss flag joins the same operation (last, submitted after backward):
+    # the check costs no negotiation of its own. The hand-written fp16 steps send no flag.
+    with_flag = fused_operations(timeline, gradients | {"allreduce.step_loss"})
+    assert with_flag == [tensors + 1] * ranks[0]["steps"] + [tensors] * ranks[0]["fp16_steps"], with_flag
     assert count_events(timeline, gradients, "MEMCPY_IN_FUSION_BUFFER") == tensors * steps
 
 
