@@ -106,7 +106,7 @@ def summarise(name: str, spec: dict[str, Any], records: list[dict[str, Any]]) ->
                            "backend": spec.get("backend"), "runs": len(records), "failed": len(records) - len(ok)}
     retried = [r["retried_after"] for r in records if "retried_after" in r]
     if retried:
-        row["retried"], row["retried_after"] = len(retried), retried
+        row["retried_after"] = retried
     if len(ok) < len(records):
         row["errors"] = [r["output_tail"] for r in records if "error" in r]  # kept: a failure is a result too
     if not ok:
@@ -180,7 +180,7 @@ def table(result: dict[str, Any]) -> str:
             sps = f"{row['samples_per_s']:.0f}" if "samples_per_s" in row else "-"
             rel = f"{row['best_ms'] / fastest:.2f}" if fastest else "-"
             failed = f" ({row['failed']} failed)" if row["failed"] else ""
-            failed += f" ({row['retried']} retried)" if row.get("retried") else ""
+            failed += f" ({len(row['retried_after'])} retried)" if "retried_after" in row else ""
             cpu = f"{row['median_cpu_ms']:.1f}" if "median_cpu_ms" in row else "-"
             lines.append(f"{group:<10} {row['name']:<18} {row['best_ms']:>9.1f} {row['median_ms']:>10.1f} "
                          f"{cpu:>7} {sps:>10} {rel:>7} {row['runs']:>5}{failed}")

@@ -127,8 +127,7 @@ class Trainer:
 
         self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
         self.loader = build_loader(train_data, self.sampler, config, world.rank, self.device)
-        self.steps_per_epoch = steps_per_epoch(len(train_data), world.size, config.batch_size, config.accumulate)
-        self.lr_scale = scaled_lr(1.0, world.size, config.lr_scaling)
+        self._fit_to_world()
         self.history = History()
 
     def fit(self, epochs: int | None = None) -> History:
@@ -388,9 +387,13 @@ class Trainer:
         self._own_stats = state.stats
         self.world = dist.world()
         self.sampler.reshard(self.world.rank, self.world.size)
-        self.steps_per_epoch = steps_per_epoch(len(self.train_data), self.world.size, self.config.batch_size,
-                                               self.config.accumulate)
-        self.lr_scale = scaled_lr(1.0, self.world.size, self.config.lr_scaling)
+        self._fit_to_world()
+
+    def _fit_to_world(self) -> None:
+        """What follows from the number of workers: set at the start and after every elastic resize."""
+        size, config = self.world.size, self.config
+        self.steps_per_epoch = steps_per_epoch(len(self.train_data), size, config.batch_size, config.accumulate)
+        self.lr_scale = scaled_lr(1.0, size, config.lr_scaling)
 
     def _finish(self, wall: float) -> None:
         p = self.progress
