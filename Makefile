@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 
 setup: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml hvdtrain/install_horovod.py scripts/setup-env scripts/install-horovod
+$(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/setup-env scripts/install-horovod
 	PYTHON='$(PYTHON)' VENV='$(VENV)' TORCH_SPEC='$(TORCH_SPEC)' EXTRAS='$(EXTRAS)' bash scripts/setup-env
 
 # The main job: the default config (MLP on scikit-learn's bundled digits) on NP local workers.

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from hvdtrain.config import TrainConfig
-from hvdtrain.data import Data
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.data.datasets import Data
 
 SIZE = 96
 

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from hvdtrain.config import TrainConfig, load_config
-from hvdtrain.data import build_data
-from hvdtrain.models import build_model
+from hvdtrain.config.train_config import TrainConfig, load_config
+from hvdtrain.data.datasets import build_data
+from hvdtrain.models.builtin import build_model
 
 # The two workloads of the issue: a comm-heavy MLP (2.9 M params, little compute per byte) and a
 # compute-heavy small CNN (convolutions at 28x28, 0.15 M params).

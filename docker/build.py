@@ -92,7 +92,7 @@ def dockerfile_args(text: str) -> dict[str, str]:
 
 def horovod_cache_key(torch_wheel: str, python: str) -> str:
     """The key scripts/install-horovod gives a CPU build for this torch wheel and Python."""
-    sys.path.insert(0, str(ROOT / "hvdtrain"))
+    sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import install_horovod as ih
     finally:

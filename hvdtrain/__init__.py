@@ -1,23 +1,39 @@
 """hvdtrain: a maintained Horovod trainer for PyTorch 2.x.
 
 The public API, for scripts and notebooks:
-    Trainer, fit, launch, load_config, TrainConfig, History
+    Trainer, fit, launch, load_config, TrainConfig, History; errors in hvdtrain.errors;
+    Spark in hvdtrain.spark (fit).
+
+Where things live: config/ (the one config), data/, models/, train/ (the loop), distributed/ (the one
+Horovod importer), output/ (console, run directory), launcher/ (workers from Python), cluster/
+(hostfiles, schedulers), spark/, cli/ (the `hvdtrain` command).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 __all__ = ["Trainer", "fit", "launch", "load_config", "TrainConfig", "History"]
 
-_HOME = {"Trainer": "hvdtrain.trainer", "fit": "hvdtrain.trainer", "launch": "hvdtrain.launcher",
-         "load_config": "hvdtrain.config", "TrainConfig": "hvdtrain.config", "History": "hvdtrain.history"}
+if TYPE_CHECKING:  # what IDEs and mypy see; at run time the names load on first use (below)
+    from hvdtrain.config.train_config import TrainConfig, load_config
+    from hvdtrain.launcher.local import launch
+    from hvdtrain.output.history import History
+    from hvdtrain.train.trainer import Trainer, fit
+
+_HOME = {"Trainer": "hvdtrain.train.trainer", "fit": "hvdtrain.train.trainer",
+         "launch": "hvdtrain.launcher.local", "load_config": "hvdtrain.config.train_config",
+         "TrainConfig": "hvdtrain.config.train_config", "History": "hvdtrain.output.history"}
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so `import hvdtrain` (e.g. by the Horovod build script's tests) does not load torch.
+    # Lazy, so `import hvdtrain` (a CLI's --help, the Spark driver) does not load torch.
     if name in _HOME:
         import importlib
 
         return getattr(importlib.import_module(_HOME[name]), name)
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

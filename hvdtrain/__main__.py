@@ -1,5 +1,5 @@
 import sys
 
-from hvdtrain.cli import main
+from hvdtrain.cli.main import main
 
 sys.exit(main())

@@ -10,6 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# The Horovod build script lives outside the package (it runs before hvdtrain is installed).
+sys.path.insert(0, str(ROOT / "scripts"))
 
 
 @pytest.fixture(autouse=True)

@@ -10,13 +10,13 @@ from torch.utils.data import TensorDataset
 from worker_fns import _raise_on_rank_1
 
 import hvdtrain
-from hvdtrain.launcher import LaunchError, WorkerError
+from hvdtrain.errors import LaunchError, WorkerError
 
 
 def _rank_and_sum(x):
     import torch
 
-    from hvdtrain import dist
+    from hvdtrain.distributed import dist
 
     world = dist.init()
     return world.rank, world.size, x, dist.allreduce_sum(torch.tensor([world.rank + 1.0]), name="api_sum").item()

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from hvdtrain import checkpoint
+from hvdtrain.data.sharding import ShardSampler
 from hvdtrain.errors import UserError
-from hvdtrain.sampling import ShardSampler
+from hvdtrain.train import checkpoint
 
 
 @pytest.mark.parametrize("n, size", [(10, 1), (10, 3), (1001, 2), (7, 4)])

@@ -53,7 +53,7 @@ def test_dataset_smaller_than_the_world_fails_on_every_rank_without_output(tmp_p
 
 
 def test_help_lists_every_config_key():
-    from hvdtrain.config import FIELD_TYPES
+    from hvdtrain.config.train_config import FIELD_TYPES
 
     proc = subprocess.run([sys.executable, "-m", "hvdtrain", "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import BIN, ROOT, show
 
-from hvdtrain.config import load_config
+from hvdtrain.config.train_config import load_config
 
 SBATCH = ROOT / "examples" / "cluster" / "slurm.sbatch"
 MPIJOB = ROOT / "examples" / "cluster" / "mpijob.yaml"

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from hvdtrain.config import TrainConfig, load_config, parse_overrides, to_yaml
+from hvdtrain.config.train_config import TrainConfig, load_config, parse_overrides, to_yaml
 from hvdtrain.errors import ConfigError
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from hvdtrain.config import TrainConfig
-from hvdtrain.data import build_data, check_fits, digits, eval_shard, steps_per_epoch, synthetic
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.data.datasets import build_data, check_fits, digits, eval_shard, steps_per_epoch, synthetic
 from hvdtrain.errors import UserError
 
 

@@ -19,10 +19,9 @@ import tarfile
 import time
 from pathlib import Path
 
+import install_horovod as ih
 import pytest
 from conftest import ROOT
-
-from hvdtrain import install_horovod as ih
 
 DOCKER = ROOT / "docker"
 DOCKERFILES = {"cpu": DOCKER / "Dockerfile.cpu", "gpu": DOCKER / "Dockerfile.gpu"}
@@ -102,7 +101,7 @@ def test_both_images_build_horovod_with_the_one_install_script(dockerfile):
     variant, text, stages = dockerfile
     assert len(stages) == 2 and stages[0]["name"] == "builder", f"{variant}: builder + runtime stages"
     builder, final = stages
-    assert "hvdtrain/install_horovod.py /tmp/install_horovod.py" in copies(builder)
+    assert "scripts/install_horovod.py /tmp/install_horovod.py" in copies(builder)
     installs = [r for r in runs(builder) if "install_horovod.py" in r]
     assert len(installs) == 1 and "python /tmp/install_horovod.py" in installs[0]
     # No second recipe: nothing else installs or compiles Horovod.

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hvdtrain.doctor import FIX, diagnose
+from hvdtrain.cli.doctor import FIX, diagnose
 
 GOOD = {"python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "gpus": 0, "horovod": "0.28.1",
         "horovod_built_against_torch": "2.13.0+cpu", "mpirun": "mpirun (Open MPI) 4.1.4",

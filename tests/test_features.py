@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hvdtrain import dist
-from hvdtrain.components import autocast
-from hvdtrain.config import FIELD_TYPES, load_config
-from hvdtrain.data import build_data, step_samples, steps_per_epoch
+from hvdtrain.config.train_config import FIELD_TYPES, load_config
+from hvdtrain.data.datasets import build_data, step_samples, steps_per_epoch
+from hvdtrain.distributed import dist
 from hvdtrain.errors import ConfigError, UserError
-from hvdtrain.models import build_model
-from hvdtrain.monitor import improved, patience_exhausted
-from hvdtrain.trainer import Trainer, fit
+from hvdtrain.models.builtin import build_model
+from hvdtrain.train.components import autocast
+from hvdtrain.train.early_stopping import improved, patience_exhausted
+from hvdtrain.train.trainer import Trainer, fit
 
 # --- tier 1: no Horovod -------------------------------------------------------------------------------
 
@@ -145,7 +145,7 @@ def test_fp16_loss_scaler_skips_overflows_and_is_checkpointed(tmp_path, monkeypa
     CPU machine. A huge initial scale overflows for several steps in a row: more than nonfinite_limit,
     yet the run must not abort (the scaler halves the scale), and must still learn.
     """
-    import hvdtrain.trainer as trainer_module
+    import hvdtrain.train.trainer as trainer_module
 
     monkeypatch.setattr(trainer_module, "check_precision", lambda precision, device: None)
     monkeypatch.setattr(trainer_module, "make_scaler",

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from conftest import ROOT, horovodrun, show
 
-from hvdtrain.config import load_config
-from hvdtrain.data import steps_per_epoch
-from hvdtrain.models import build_model
+from hvdtrain.config.train_config import load_config
+from hvdtrain.data.datasets import steps_per_epoch
+from hvdtrain.models.builtin import build_model
 
 # The plug-ins in front of any PYTHONPATH already set (a checkout under test must stay first for hvdtrain).
 PLUGINS = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"),

@@ -1,6 +1,6 @@
 """Hostfiles and scheduler allocations: every accepted form, every mistake, and the real CLI.
 
-Tests hvdtrain/hosts.py, hvdtrain/schedulers.py, hvdtrain/hosts_cli.py and hostfiles/discover-hosts.sh.
+Tests hvdtrain/cluster/hostfile.py, cluster/allocations.py, cli/hosts.py and hostfiles/discover-hosts.sh.
 """
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from conftest import ROOT
 from horovod.runner.common.util.hosts import parse_host_files, parse_hosts
 from horovod.runner.elastic.discovery import HostDiscoveryScript
 
-from hvdtrain.hosts import Host, HostsError, parse_hostfile, to_h_string, to_hostfile, total_slots
-from hvdtrain.schedulers import (
+from hvdtrain.cluster.allocations import (
     MAX_HOSTS,
     expand_hostlist,
     expand_task_counts,
@@ -24,6 +23,8 @@ from hvdtrain.schedulers import (
     from_pbs_nodefile,
     from_slurm,
 )
+from hvdtrain.cluster.hostfile import Host, parse_hostfile, to_h_string, to_hostfile, total_slots
+from hvdtrain.errors import HostsError
 
 SCHEDULER_PREFIXES = ("SLURM_", "PBS_", "LSB_")
 
@@ -377,7 +378,7 @@ def test_discovery_script_without_its_file(tmp_path):
 
 
 def test_host_parsing_imports_neither_horovod_nor_torch():
-    code = ("import sys, hvdtrain.hosts_cli; "
+    code = ("import sys, hvdtrain.cli.hosts; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('horovod', 'torch')))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
@@ -386,9 +387,9 @@ def test_host_parsing_imports_neither_horovod_nor_torch():
 def test_docstring_examples_are_true():
     import doctest
 
-    import hvdtrain.hosts
-    import hvdtrain.schedulers
+    import hvdtrain.cluster.allocations
+    import hvdtrain.cluster.hostfile
 
-    for module in (hvdtrain.hosts, hvdtrain.schedulers):
+    for module in (hvdtrain.cluster.hostfile, hvdtrain.cluster.allocations):
         result = doctest.testmod(module)
         assert result.attempted and not result.failed, module.__name__

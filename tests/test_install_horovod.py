@@ -6,9 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import install_horovod as ih
 import pytest
-
-from hvdtrain import install_horovod as ih
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +88,7 @@ def test_missing_tools_names_each_absent_command():
 def test_no_compiler_stops_with_the_packages_to_install(tmp_path):
     """PATH without mpicxx/cmake/g++: a one-line message naming the Debian packages, exit 1."""
     env = dict(os.environ, PATH=str(tmp_path))
-    proc = subprocess.run([sys.executable, str(ROOT / "hvdtrain/install_horovod.py"), "--force",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/install_horovod.py"), "--force",
                            "--no-apt", "--cache-dir", str(tmp_path / "cache")],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr

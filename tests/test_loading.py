@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from hvdtrain.config import load_config
-from hvdtrain.loading import build_loader, loader_options
-from hvdtrain.sampling import ShardSampler
+from hvdtrain.config.train_config import load_config
+from hvdtrain.data.loader import build_loader, loader_options
+from hvdtrain.data.sharding import ShardSampler
 
 CPU = torch.device("cpu")
 SAMPLES = 48

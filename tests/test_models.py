@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from hvdtrain.config import TrainConfig
+from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import UserError
-from hvdtrain.models import build_model
+from hvdtrain.models.builtin import build_model
 
 
 @pytest.mark.parametrize("name, shape", [("mlp", (1, 8, 8)), ("cnn", (1, 8, 8)), ("cnn", (3, 28, 28)),

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from hvdtrain.config import load_config
+from hvdtrain.config.train_config import load_config
 from hvdtrain.errors import UserError
-from hvdtrain.models import build_model
-from hvdtrain.pipeline import Pipeline, balanced_split, place, stage_devices
+from hvdtrain.models.builtin import build_model
+from hvdtrain.models.pipeline import Pipeline, balanced_split, place, stage_devices
 
 CPU = torch.device("cpu")
 
@@ -77,9 +77,9 @@ def test_a_list_of_stages_and_errors():
 
 
 def test_trainer_runs_a_pipeline_in_one_real_worker():
-    from hvdtrain import dist
-    from hvdtrain.data import build_data
-    from hvdtrain.trainer import Trainer
+    from hvdtrain.data.datasets import build_data
+    from hvdtrain.distributed import dist
+    from hvdtrain.train.trainer import Trainer
 
     dist.init()
     config = load_config(model="mlp", hidden=32, stages=3, micro_batches=2, max_steps=5, run_dir="", threads=1)

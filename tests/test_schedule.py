@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from hvdtrain.schedule import lr_at, scaled_lr
+from hvdtrain.train.lr_schedule import lr_at, scaled_lr
 
 
 @pytest.mark.parametrize("policy, size, expected", [

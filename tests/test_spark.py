@@ -18,8 +18,8 @@ from conftest import ROOT, show
 from worker_fns import _raise_on_rank_1
 
 import hvdtrain
-import hvdtrain.spark
-from hvdtrain.workers import LaunchError, WorkerError
+import hvdtrain.spark.runner
+from hvdtrain.errors import LaunchError, WorkerError
 
 
 def _java() -> str | None:
@@ -56,14 +56,14 @@ def spark():
     ("local", 1, 1), ("local[4]", 1, 4), ("local[4]", 2, 2), ("local[*]", 1, 8), ("local[3, 2]", 1, 3),
     ("local-cluster[2, 3, 1024]", 1, 6), ("spark://head:7077", 1, None), ("yarn", 1, None)])
 def test_local_slots(master, task_cpus, slots):
-    assert hvdtrain.spark.local_slots(master, task_cpus, cpu_count=8) == slots
+    assert hvdtrain.spark.runner.local_slots(master, task_cpus, cpu_count=8) == slots
 
 
 def test_spark_config_makes_run_dir_absolute_and_threads_the_task_cpus(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    config = hvdtrain.spark._spark_config(hvdtrain.load_config(run_dir="runs"), task_cpus=3)
+    config = hvdtrain.spark.runner._spark_config(hvdtrain.load_config(run_dir="runs"), task_cpus=3)
     assert config.run_dir == str(tmp_path / "runs") and config.threads == 3
-    config = hvdtrain.spark._spark_config(hvdtrain.load_config(run_dir="", threads=2), task_cpus=3)
+    config = hvdtrain.spark.runner._spark_config(hvdtrain.load_config(run_dir="", threads=2), task_cpus=3)
     assert config.run_dir == "" and config.threads == 2
 
 
@@ -122,12 +122,12 @@ def test_default_job_on_two_spark_tasks_matches_horovodrun(spark, tmp_path):
 
 @needs_java
 def test_spark_submit_trains_a_plugin_with_the_entry_file(tmp_path):
-    """The cluster form, on a local master: spark-submit runs hvdtrain/spark_main.py."""
+    """The cluster form, on a local master: spark-submit runs hvdtrain/spark/entry/spark_submit.py."""
     submit = Path(sys.executable).parent / "spark-submit"
     env = dict(os.environ, **SPARK_ENV, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]))
     proc = subprocess.run([str(submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
                            "--conf", f"spark.pyspark.python={sys.executable}",
-                           str(ROOT / "hvdtrain" / "spark_main.py"), "--num-proc", "2",
+                           str(ROOT / "hvdtrain" / "spark" / "entry" / "spark_submit.py"), "--num-proc", "2",
                            "--model", "my_plugins:build_model", "--dataset", "my_plugins:build_dataset",
                            "--epochs", "30", "--lr", "0.1", "--run-dir", str(tmp_path), "--name", "rings"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -9,11 +9,11 @@ import torch
 import yaml
 from conftest import ROOT
 
-from hvdtrain import dist
-from hvdtrain.config import load_config
+from hvdtrain.config.train_config import load_config
+from hvdtrain.distributed import dist
 from hvdtrain.errors import UserError
-from hvdtrain.models import build_model
-from hvdtrain.trainer import fit
+from hvdtrain.models.builtin import build_model
+from hvdtrain.train.trainer import fit
 
 
 @pytest.fixture

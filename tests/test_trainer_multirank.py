@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import BACKENDS, ROOT, horovodrun, show
 
-from hvdtrain.config import load_config
-from hvdtrain.data import steps_per_epoch
-from hvdtrain.models import build_model
+from hvdtrain.config.train_config import load_config
+from hvdtrain.data.datasets import steps_per_epoch
+from hvdtrain.models.builtin import build_model
 
 
 def read_metrics(run: Path) -> list[dict]:

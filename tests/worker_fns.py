@@ -4,7 +4,7 @@
 def _raise_on_rank_1():
     import torch
 
-    from hvdtrain import dist
+    from hvdtrain.distributed import dist
 
     world = dist.init()
     if world.rank == 1:

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from hvdtrain.data import Data, digits
-from hvdtrain.models import mlp
+from hvdtrain.data.datasets import Data, digits
+from hvdtrain.models.builtin import mlp
 
 
 def indexed_digits(config):

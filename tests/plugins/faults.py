@@ -9,8 +9,8 @@ import time
 import torch
 from torch import nn
 
-from hvdtrain.data import digits
-from hvdtrain.models import mlp
+from hvdtrain.data.datasets import digits
+from hvdtrain.models.builtin import mlp
 
 
 class _Slow(nn.Module):

@@ -37,7 +37,7 @@ class _StallOnce(nn.Module):
 
 
 def stall_mlp(config, input_shape, num_classes):
-    from hvdtrain.models import mlp
+    from hvdtrain.models.builtin import mlp
 
     return _StallOnce(mlp(config, input_shape, num_classes), int(os.environ.get("FEATURES_STALL_RANK", "1")),
                       int(os.environ.get("FEATURES_STALL_STEP", "3")), float(os.environ.get("FEATURES_STALL_S", "4")))

@@ -9,9 +9,9 @@ import time
 import torch
 
 import hvdtrain
-from hvdtrain import dist
-from hvdtrain.data import build_data
-from hvdtrain.models import build_model
+from hvdtrain.data.datasets import build_data
+from hvdtrain.distributed import dist
+from hvdtrain.models.builtin import build_model
 
 STEPS = 3
 ARGS = ["--dataset", "synthetic", "--synthetic-samples", "512", "--synthetic-shape", "1,8,8", "--model", "mlp",

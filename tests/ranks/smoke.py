@@ -1,7 +1,7 @@
 """Rank-side smoke test: real allreduce and broadcast, asserted on every rank."""
 import torch
 
-from hvdtrain import dist
+from hvdtrain.distributed import dist
 
 world = dist.init()
 assert world.size == 2, world

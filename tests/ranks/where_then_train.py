@@ -7,8 +7,8 @@ import socket
 import struct
 import sys
 
-from hvdtrain import dist
-from hvdtrain.cli import main
+from hvdtrain.cli.main import main
+from hvdtrain.distributed import dist
 
 SIOCGIFADDR = 0x8915  # Linux ioctl: the IPv4 address of an interface
 

@@ -1,0 +1,1 @@
+"""The `hvdtrain` command: train, predict, doctor, hosts, spark. Each subcommand is one module."""

@@ -1,0 +1,53 @@
+"""The one argument parser of every subcommand: argparse for the subcommand's own flags; what is
+left over are config keys (`--key value`), which the config module checks by name and type."""
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, NoReturn
+
+from hvdtrain.errors import UserError
+
+if TYPE_CHECKING:
+    from hvdtrain.config.train_config import TrainConfig
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line (`hvdtrain: error: ...`) and exit 2, like every hvdtrain error.
+
+    Args:
+        prog: e.g. "hvdtrain predict".
+        config: also take `--config FILE` and leave `--key value` pairs for the TrainConfig.
+    """
+
+    def __init__(self, prog: str, description: str | None = None, *, config: bool = False) -> None:
+        super().__init__(prog=prog, description=description, allow_abbrev=False,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        self.takes_config = config
+        if config:
+            self.add_argument("--config", metavar="FILE", help="YAML config file; --key value pairs override it")
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{self.prog.removeprefix('hvdtrain ')}: {message} (see `{self.prog} --help`)")
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if self.takes_config:
+            from hvdtrain.config.train_config import config_help
+
+            text += "\nconfig keys (YAML file and/or --key value; dashes and underscores are the same):\n"
+            text += config_help() + "\n"
+        return text
+
+    def parse_with_config(self, args: list[str]) -> tuple[argparse.Namespace, TrainConfig]:
+        """This command's own flags, and the TrainConfig from --config plus the `--key value` rest."""
+        from hvdtrain.config.train_config import load_config
+
+        options, rest = self.parse_known_args(args)
+        return options, load_config(options.config, rest)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)

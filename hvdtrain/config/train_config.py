@@ -1,0 +1,274 @@
+"""The one training config: a typed, validated dataclass, read from YAML plus `--key value` overrides."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hvdtrain.errors import ConfigError
+
+LR_SCALINGS = ("none", "linear", "sqrt")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+DEVICES = ("auto", "cpu", "cuda")
+MP_CONTEXTS = ("forkserver", "spawn", "fork")
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPRESSIONS = ("none", "fp16")
+OPS = ("average", "adasum")
+MONITORS = ("", "val_acc", "val_loss")
+DECAYS = ("none", "cosine", "step")
+
+
+def option(default: Any, help: str) -> Any:
+    """A config field with its one-line help (shown by `hvdtrain --help`)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = option("cnn", "built-in (mlp, cnn) or a plug-in 'module.path:function'")
+    dataset: str = option("digits", "built-in (digits, synthetic) or a plug-in 'module.path:function'")
+    epochs: int = option(10, "passes over the training shard")
+    max_steps: int = option(0, "stop after this many optimizer steps in total; 0 = no limit")
+    batch_size: int = option(32, "per worker, not global")
+    eval_batch_size: int = option(256, "per worker, for evaluation")
+    optimizer: str = option("sgd", "sgd, adam or adamw")
+    lr: float = option(0.05, "base LR for one worker, before scaling by the number of workers")
+    lr_scaling: str = option("linear", "none, linear or sqrt of the number of workers (Goyal et al.)")
+    warmup_epochs: float = option(1.0, "ramp from the base LR to the scaled LR over this many epochs")
+    lr_decay: str = option("cosine", "after warmup: none, cosine (to 0 at the end) or step (x0.1 at 1/2, 3/4)")
+    momentum: float = option(0.9, "SGD momentum; ignored by adam/adamw")
+    weight_decay: float = option(0.0, "L2 penalty (decoupled for adamw)")
+    precision: str = option("fp32", "fp32, bf16 (autocast, CPU or CUDA) or fp16 (CUDA only, with a loss scaler)")
+    accumulate: int = option(1, "micro-batches per optimizer step; one allreduce per step, not per micro-batch")
+    compression: str = option("none", "gradients on the wire: none or fp16 (half the bytes)")
+    op: str = option("average", "gradient reduction: average, or adasum (MPI; use with --lr-scaling none)")
+    gradient_predivide_factor: float = option(1.0, "average: divide by this before the sum, by workers/this after")
+    sync_bn: bool = option(False, "convert BatchNorm layers to Horovod's SyncBatchNorm (global batch statistics)")
+    monitor: str = option("", "val_acc or val_loss: keep best.pt at its best epoch; '' = off")
+    patience: int = option(0, "stop after this many epochs without a better `monitor`; 0 = never stop early")
+    hidden: int = option(128, "width of the built-in MLP's hidden layers")
+    val_fraction: float = option(0.2, "held-out share of a built-in dataset, split with `seed`")
+    synthetic_samples: int = option(2048, "size of the synthetic dataset")
+    synthetic_shape: tuple[int, ...] = option((1, 28, 28), "per-sample input shape of the synthetic dataset")
+    num_classes: int = option(10, "classes of the synthetic dataset")
+    seed: int = option(42, "model init, split, and shuffle order; the same on every rank")
+    log_interval: int = option(20, "steps between metric allreduces and progress lines")
+    tensorboard: bool = option(True, "also write TensorBoard events to <run>/tensorboard, if tensorboard is installed")
+    timeline_file: str = option("", "write Horovod's timeline (Chrome trace JSON) to this file; '' = off")
+    autotune: bool = option(False, "let Horovod tune its fusion buffer and cycle time while training")
+    stall_check_s: int = option(60, "Horovod warns when ranks wait this long for each other; 0 = no check")
+    stall_shutdown_s: int = option(0, "Horovod aborts the job after a stall this long; 0 = never")
+    threads: int = option(0, "torch threads per worker; 0 = cores / workers on this host")
+    device: str = option("auto", "auto (CUDA pinned to local_rank when present), cpu or cuda")
+    run_dir: str = option("runs", "parent folder of run directories; empty = write nothing")
+    name: str = option("", "run directory name; empty = model-dataset-timestamp")
+    checkpoint_epochs: int = option(1, "write a checkpoint every N epochs; 0 = not at epoch ends")
+    checkpoint_steps: int = option(0, "also write one every N optimizer steps (mid-epoch); 0 = off")
+    keep_checkpoints: int = option(3, "newest checkpoints kept in <run>/checkpoints")
+    resume: str = option("", "'auto' (newest valid checkpoint of run --name, if any) or a path")
+    checkpoint_on_stop: bool = option(True, "on SIGINT/SIGTERM, write a checkpoint before exiting")
+    nonfinite_limit: int = option(5, "skip steps whose loss is not finite on some rank; abort after N in a row")
+    elastic: bool = option(False, "elastic training under horovodrun --min-np/--max-np (Gloo)")
+    commit_steps: int = option(10, "elastic: steps between state commits (work redone after a failure)")
+    stages: int = option(1, "model parallel: split an nn.Sequential model into K stages, one device each")
+    stage_split: tuple[int, ...] = option((), "layers per stage, e.g. 3,5; empty = balanced by parameter count")
+    micro_batches: int = option(1, "model parallel: pieces per batch so stages overlap (GPipe fill/drain)")
+    workers: int = option(0, "data loader worker processes per rank; 0 = load in the training process")
+    prefetch_factor: int = option(2, "batches each loader worker prepares ahead (workers > 0)")
+    persistent_workers: bool = option(True, "keep loader workers alive across epochs (workers > 0)")
+    mp_context: str = option("forkserver", "loader workers' start method: forkserver (fork-safe), spawn or fork")
+
+    def __post_init__(self) -> None:
+        for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples",
+                    "num_classes", "log_interval", "accumulate"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
+        for key in ("keep_checkpoints", "commit_steps", "stages", "micro_batches", "prefetch_factor"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
+        for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum", "checkpoint_epochs",
+                    "checkpoint_steps", "nonfinite_limit", "workers", "patience", "stall_check_s",
+                    "stall_shutdown_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
+        if not self.synthetic_shape or any(d <= 0 for d in self.synthetic_shape):
+            raise ConfigError(f"synthetic_shape must be positive sizes like 1,28,28, got {self.synthetic_shape}")
+        _check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("lr_decay", self.lr_decay, DECAYS)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("mp_context", self.mp_context, MP_CONTEXTS)
+        if self.micro_batches > 1 and self.stages == 1:
+            raise ConfigError(f"micro_batches {self.micro_batches} needs a model split into stages: pass --stages 2 "
+                              "or more")
+        if self.stage_split and (len(self.stage_split) != self.stages or min(self.stage_split) < 1):
+            raise ConfigError(f"stage_split must give a positive layer count for each of the {self.stages} "
+                              f"stages, got {self.stage_split}")
+        self._check_features()
+        if self.resume == "auto" and not (self.name and self.run_dir):
+            raise ConfigError("resume auto needs the run to resume: pass --name NAME (and a --run-dir)")
+        if "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"name must be a plain folder name, got {self.name!r}")
+
+    def _check_features(self) -> None:
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("compression", self.compression, COMPRESSIONS)
+        _check_choice("op", self.op, OPS)
+        _check_choice("monitor", self.monitor, MONITORS)
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ConfigError("precision fp16 needs a CUDA device (float16 autocast with a loss scaler); "
+                              "on CPU use --precision bf16")
+        if self.precision == "fp16" and self.elastic:
+            raise ConfigError("precision fp16 is not supported with elastic yet (the loss scale is not part of the "
+                              "elastic state, so a joining worker would scale differently); use bf16")
+        if self.gradient_predivide_factor <= 0:
+            raise ConfigError(f"gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
+        if self.op == "adasum":
+            if self.lr_scaling != "none":
+                raise ConfigError("op adasum combines gradients adaptively and wants the one-worker LR: "
+                                  "add --lr-scaling none")
+            if self.gradient_predivide_factor != 1.0:
+                raise ConfigError("gradient_predivide_factor applies only to op average, not adasum")
+            if self.precision == "fp16":
+                raise ConfigError("precision fp16 cannot be combined with op adasum (Adasum applies each tensor's "
+                                  "update inside backward, before a loss scaler could check it); use bf16")
+        if self.patience and not self.monitor:
+            raise ConfigError("patience needs a metric to watch: add --monitor val_acc or --monitor val_loss")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["synthetic_shape"] = list(self.synthetic_shape)
+        data["stage_split"] = list(self.stage_split)
+        return data
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(choices)}; got {value!r}")
+
+
+FIELD_TYPES: dict[str, Any] = typing.get_type_hints(TrainConfig)
+
+
+def _unknown_key(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, FIELD_TYPES, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(FIELD_TYPES)})"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def coerce(key: str, value: Any) -> Any:
+    """Turn a YAML value or a command-line string into the field's type, or explain why not."""
+    kind = FIELD_TYPES[key]
+    from_cli = isinstance(value, str)
+    try:
+        if kind is bool:
+            if from_cli and value.lower() in ("true", "yes", "1", "false", "no", "0"):
+                return value.lower() in ("true", "yes", "1")
+            if isinstance(value, bool):
+                return value
+        elif kind is int:
+            if from_cli:
+                return int(value)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        elif kind is float:
+            if from_cli:
+                return float(value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        elif kind is str:
+            if from_cli or isinstance(value, str):
+                return value
+            if value is None:
+                return ""
+        else:  # tuple[int, ...]
+            items = [item for item in value.split(",") if item.strip()] if from_cli else value
+            if isinstance(items, (list, tuple)):
+                return tuple(int(item) for item in items)
+    except (TypeError, ValueError):
+        pass
+    expected = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
+        kind, "comma-separated integers like 1,28,28")
+    raise ConfigError(f"{key} must be {expected}, got {value!r}")
+
+
+def parse_overrides(args: list[str]) -> dict[str, str]:
+    """['--batch-size', '64', '--lr=0.1'] -> {'batch_size': '64', 'lr': '0.1'}."""
+    result: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or arg == "--":
+            raise ConfigError(f"expected --key value, got {arg!r}")
+        key, eq, value = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if key not in FIELD_TYPES:
+            raise _unknown_key(key)
+        if not eq:
+            if i + 1 >= len(args):
+                raise ConfigError(f"--{key} needs a value")
+            i += 1
+            value = args[i]
+        result[key] = value
+        i += 1
+    return result
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {path} does not exist (check the --config path)")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise ConfigError(f"config file {path}{where}: YAML syntax error: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of key: value, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None,
+                **values: Any) -> TrainConfig:
+    """Defaults, then the YAML file, then command-line overrides, then keyword values."""
+    merged: dict[str, Any] = {}
+    for key, value in (read_yaml(path) if path else {}).items():
+        key = str(key).replace("-", "_")
+        if key not in FIELD_TYPES:
+            raise _unknown_key(key)
+        merged[key] = coerce(key, value)
+    for key, value in parse_overrides(overrides or []).items():
+        merged[key] = coerce(key, value)
+    for key, value in values.items():
+        if key not in FIELD_TYPES:
+            raise _unknown_key(key)
+        merged[key] = coerce(key, value)
+    return TrainConfig(**merged)
+
+
+def to_yaml(config: TrainConfig) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def config_help() -> str:
+    """One line per config key: flag, type, default, help (from the fields' metadata)."""
+    lines = []
+    for item in dataclasses.fields(TrainConfig):
+        kind = str(FIELD_TYPES[item.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+        default = ",".join(map(str, item.default)) if isinstance(item.default, tuple) else item.default
+        default = "''" if default == "" else default
+        lines.append(f"  --{item.name.replace('_', '-'):<26} {kind:<16} {default!s:<10} {item.metadata['help']}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Datasets (built-in and plug-in), which samples each rank trains on, and the DataLoader."""

@@ -1,0 +1,50 @@
+"""The training DataLoader: worker processes, pinned memory, and random seeds distinct per rank and worker.
+
+Each epoch torch draws one base seed from the loader's generator and seeds loader worker w with
+base + w (torch, `random` and numpy). Every rank would draw the same base seed from the same
+global seed and repeat the other ranks' random augmentations, so the generator here is seeded
+from (seed, rank): the same run reproduces the same augmentations, and no two (rank, worker) pairs
+share a stream.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from hvdtrain.config.train_config import TrainConfig
+
+
+def loader_seed(seed: int, rank: int) -> int:
+    """A 63-bit seed for rank `rank`'s loader generator; distinct ranks get unrelated streams."""
+    return int(np.random.SeedSequence([seed, rank]).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def loader_options(config: TrainConfig, rank: int, device: torch.device) -> dict[str, Any]:
+    """Keyword arguments for DataLoader from the config: workers, prefetch, start method, seeds."""
+    options: dict[str, Any] = {
+        "num_workers": config.workers,
+        # Page-locked host memory makes the copy to the GPU asynchronous; on CPU it is wasted work.
+        "pin_memory": device.type == "cuda",
+        "generator": torch.Generator().manual_seed(loader_seed(config.seed, rank)),
+    }
+    if config.workers:
+        # Horovod: forking a process that has initialised MPI (or CUDA) is unsafe with some interconnects;
+        # forkserver starts workers from a clean server process instead.
+        options.update(prefetch_factor=config.prefetch_factor, persistent_workers=config.persistent_workers,
+                       multiprocessing_context=config.mp_context)
+    return options
+
+
+def build_loader(data: Any, sampler: Sampler[int], config: TrainConfig, rank: int,
+                 device: torch.device) -> DataLoader:
+    """The training loader over `sampler`'s shard (the sampler decides order; workers only load).
+
+    Example:
+        >>> loader = build_loader(train_ds, ShardSampler(len(train_ds), rank, size, seed=42), config, rank,
+        ...                       torch.device("cpu"))
+    """
+    return DataLoader(data, batch_size=config.batch_size, sampler=sampler,
+                      **loader_options(config, rank, device))

@@ -1,0 +1,74 @@
+"""Start N Horovod workers from Python or a notebook and bring their results (or errors) back.
+
+This module uses Horovod's launcher (horovod.runner), not its torch binding: the calling process
+never initialises Horovod or touches a CUDA device; only the workers do.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.errors import LaunchError, WorkerError
+from hvdtrain.launcher.guard import (
+    Guarded,
+    check_picklable,
+    rank0_result,
+    target,
+    worker_pythonpath,
+)
+
+
+def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int = 2, hosts: str | None = None,
+           all_ranks: bool = False, use_mpi: bool = False, network_interfaces: list[str] | None = None,
+           start_timeout: int = 120, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+    """Run a function (or a config-driven fit) on `np` Horovod workers and return rank 0's result.
+
+    Args:
+        fn_or_config: a function to run on every worker (it may call hvdtrain.Trainer/fit), or a
+            TrainConfig to train with `hvdtrain.fit`.
+        *args, **kwargs: arguments for the function; they must be picklable (cloudpickle).
+        np: number of workers.
+        hosts: Horovod host string such as "node1:2,node2:2"; default "localhost:<np>".
+        all_ranks: return every rank's result as a list instead of rank 0's.
+        use_mpi: launch with MPI instead of Gloo.
+        network_interfaces: NICs for Horovod's traffic; default ["lo"] on localhost.
+        start_timeout: seconds to wait for all workers to start.
+        env: extra environment variables for the workers.
+    Returns:
+        Rank 0's return value (for a TrainConfig: its History), or the list of all ranks' values.
+    Raises:
+        WorkerError: a worker raised; the message names the rank and carries its traceback.
+        LaunchError: an argument cannot be sent to the workers (raised before any worker starts).
+    Example:
+        >>> def train(epochs):
+        ...     import hvdtrain
+        ...     return hvdtrain.fit(hvdtrain.load_config(epochs=epochs, run_dir=""))[-1]["val_acc"]
+        >>> hvdtrain.launch(train, 3, np=2)
+    """
+    if np < 1:
+        raise LaunchError(f"np must be >= 1, got {np}")
+    fn, args = target(fn_or_config, args, "launch")
+    check_picklable(fn, args, kwargs)
+    if hosts is None:
+        hosts = f"localhost:{np}"
+        network_interfaces = network_interfaces or ["lo"]
+
+    import horovod.runner
+
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    # Workers import what this process can: functions pickled by reference need their modules.
+    os.environ["PYTHONPATH"] = worker_pythonpath(os.environ.get("PYTHONPATH", ""))
+    try:
+        results = horovod.runner.run(Guarded(fn, args, kwargs), num_proc=np, hosts=hosts,
+                                     use_gloo=not use_mpi, use_mpi=use_mpi,
+                                     network_interfaces=network_interfaces, start_timeout=start_timeout,
+                                     disable_cache=True)
+    except RuntimeError as err:  # a worker process died without returning (killed, os._exit, ...)
+        raise WorkerError(f"a worker process died: {err}") from None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return rank0_result(results, all_ranks)

@@ -1,0 +1,1 @@
+"""Models: the built-ins and the model-parallel split into stages. Model code never imports Horovod."""

@@ -1,0 +1,49 @@
+"""Built-in models. Model code never imports Horovod.
+
+A model builder, built-in or plug-in, is `build(config, input_shape, num_classes) -> nn.Module`.
+"""
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from hvdtrain.config.plugins import resolve
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.errors import UserError
+
+
+def mlp(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    width = config.hidden
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(math.prod(input_shape), width), nn.ReLU(),
+        nn.Linear(width, width), nn.ReLU(),
+        nn.Linear(width, num_classes),
+    )
+
+
+def cnn(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if len(input_shape) != 3:
+        raise UserError(f"model cnn needs (channels, height, width) inputs, got shape {input_shape}; "
+                        "use --model mlp")
+    return nn.Sequential(
+        nn.Conv2d(input_shape[0], 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2),
+        # Any input size ends as 4x4, so one model serves 8x8 digits and 28x28 synthetic images.
+        nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+        nn.Linear(64 * 16, config.hidden), nn.ReLU(),
+        nn.Linear(config.hidden, num_classes),
+    )
+
+
+BUILTIN = {"mlp": mlp, "cnn": cnn}
+
+
+def build_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    model = resolve(config.model, "model", BUILTIN)(config, input_shape, num_classes)
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model builder {config.model} must return a torch.nn.Module, "
+                        f"got {type(model).__name__}")
+    return model

@@ -1,0 +1,1 @@
+"""What rank 0 shows and keeps: the console, the run directory and the history of metrics."""

@@ -1,0 +1,139 @@
+"""Rank 0's console: whole lines, one write each, through the `hvdtrain` logger.
+
+Under `mpirun --tag-output` every chunk of output is tagged, not every line, so a line is written in
+one call and flushed; a carriage-return progress bar appears only where someone watches (a terminal
+of the user's own or a notebook, never under a launcher) unless asked for. Users can silence or
+redirect everything with `logging.getLogger("hvdtrain")`. Errors go to stderr from any rank.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+LOGGER = logging.getLogger("hvdtrain")
+# Set by horovodrun (Gloo), mpirun and Slurm's srun on every worker: output there goes to a launcher.
+LAUNCHER_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+EPOCH_COLUMNS = (("epoch", "epoch"), ("step", "step"), ("loss", "train_loss"), ("val_loss", "val_loss"),
+                 ("lr", "lr"), ("samples/s", "samples_per_s"), ("step_ms", "step_time_s"),
+                 ("time_s", "epoch_time_s"))
+
+
+class _StdoutHandler(logging.Handler):
+    """Writes each record as one line to the *current* sys.stdout (a notebook or pytest may swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stdout.write(self.format(record) + "\n")
+            sys.stdout.flush()
+        except Exception:  # a closed stream must not crash training
+            self.handleError(record)
+
+
+if not LOGGER.handlers:
+    LOGGER.addHandler(_StdoutHandler())
+    LOGGER.setLevel(logging.INFO)
+    LOGGER.propagate = False
+
+
+def under_launcher(environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return any(name in env for name in LAUNCHER_VARS)
+
+
+def bar_wanted(choice: str, *, tty: bool, notebook: bool, launched: bool) -> bool:
+    """progress_bar auto: a bar in a terminal or notebook of the user's own, never under a launcher."""
+    if choice in ("on", "off"):
+        return choice == "on"
+    return (tty or notebook) and not launched
+
+
+class Console:
+    """What the user reads. Quiet on ranks other than 0 (errors excepted)."""
+
+    def __init__(self) -> None:
+        self.rank0 = True
+        self.bar: Any = None
+        self._notices: set[str] = set()
+
+    def set_rank(self, rank: int) -> None:
+        self.rank0 = rank == 0
+
+    def line(self, text: str) -> None:
+        if not self.rank0:
+            return
+        if self.bar is not None:
+            self.bar.write(text)  # above the bar, not through it
+        else:
+            LOGGER.info(text)
+
+    def notice(self, key: str, text: str) -> None:
+        """Say `text` once per process (e.g. a missing optional package)."""
+        if key not in self._notices:
+            self._notices.add(key)
+            self.line(f"hvdtrain: note: {text}")
+
+    def error(self, text: str) -> None:
+        """Any rank, to stderr, one line: `hvdtrain: TEXT`."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        sys.stderr.write(f"hvdtrain: {text}\n")
+        sys.stderr.flush()
+
+    # ---- the progress bar (rank 0 only)
+    def open_bar(self, choice: str, total: int, initial: int) -> None:
+        notebook = "ipykernel" in sys.modules
+        if not self.rank0 or not bar_wanted(choice, tty=sys.stderr.isatty(), notebook=notebook,
+                                            launched=under_launcher()):
+            return
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, unit="step", leave=False)
+
+    def advance(self, loss: float | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update()
+            if loss is not None:
+                self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    # ---- what the trainer shows
+    def banner(self, lines: list[str]) -> None:
+        for text in lines[:3]:
+            self.line(f"hvdtrain: {text}")
+
+    def epoch_row(self, record: dict[str, Any], header: bool) -> None:
+        """One aligned table row per epoch (the header before the first); metric columns follow the record."""
+        metrics = [key for key in record if key.startswith(("train_", "val_")) and key not in
+                   ("train_loss", "val_loss", "val_samples") and isinstance(record[key], (int, float))]
+        columns = [*EPOCH_COLUMNS[:4], *((key.removeprefix("train_"), key) for key in metrics), *EPOCH_COLUMNS[4:]]
+        if header:
+            self.line("  ".join(f"{name:>9}" for name, _ in columns))
+        self.line("  ".join(f"{_cell(key, record.get(key)):>9}" for _, key in columns))
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "epoch":
+        return str(value + 1)
+    if key == "step":
+        return str(value)
+    if key == "lr":
+        return f"{value:.4g}"
+    if key == "samples_per_s":
+        return f"{value:.0f}"
+    if key == "step_time_s":
+        return f"{value * 1000:.1f}"
+    if key == "epoch_time_s":
+        return f"{value:.2f}"
+    return f"{value:.4f}"
+
+
+console = Console()

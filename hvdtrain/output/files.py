@@ -1,0 +1,48 @@
+"""Whole files or none: every file hvdtrain writes goes through `atomic_write`."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from hvdtrain.errors import UserError
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, mode: int = 0o644,
+                 before_replace: Callable[[], object] | None = None) -> Path:
+    """Write `path` through `.NAME.tmp` beside it, fsync, rename, fsync the folder.
+
+    A crash or a full disk leaves the previous file (or none), never half a file. Errors of the
+    filesystem become a one-line UserError naming the path; the temporary file is removed.
+
+    Args:
+        write: called with the open binary temp file, e.g. `lambda f: torch.save(obj, f)`.
+        before_replace: for fault-injection tests, called between the write and the rename.
+    Example:
+        >>> atomic_write("runs/x/summary.json", lambda f: f.write(b"{}"))
+    """
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, final)
+        folder = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself survives a crash
+        finally:
+            os.close(folder)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {final}: {err.strerror or err}") from None
+    return final
+
+
+def write_text(path: str | Path, text: str, *, mode: int = 0o644) -> Path:
+    return atomic_write(path, lambda handle: handle.write(text.encode()), mode=mode)

@@ -1,0 +1,94 @@
+"""Checkpoints: written atomically by rank 0, read back with torch.load(weights_only=True).
+
+A checkpoint holds only tensors and plain Python values, so loading one cannot run code.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hvdtrain.errors import UserError
+from hvdtrain.output.files import atomic_write
+
+FORMAT = "hvdtrain-checkpoint-1"
+_NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+# Fault injection for tests: seconds to sleep between writing the temp file and renaming it.
+WRITE_DELAY_ENV = "HVDTRAIN_CHECKPOINT_WRITE_DELAY_S"
+
+
+def checkpoint_dir(run_path: str | Path) -> Path:
+    return Path(run_path) / "checkpoints"
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random number generators, as tensors and plain values."""
+    _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    assert not isinstance(keys, str)  # the legacy form is a tuple with an array of keys
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                             "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path:
+    """Write ckpt-<step>.pt atomically (temp file, fsync, rename), then keep only the newest `keep`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(".ckpt-*.tmp"):  # left by a writer that was killed; only rank 0 writes
+        stale.unlink(missing_ok=True)
+    final = directory / f"ckpt-{step:09d}.pt"
+    delay = float(os.environ.get(WRITE_DELAY_ENV, "0") or 0)
+    atomic_write(final, lambda handle: torch.save({"format": FORMAT, **payload}, handle),
+                 before_replace=(lambda: time.sleep(delay)) if delay else None)
+    for old in candidates(directory)[keep:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def candidates(directory: Path) -> list[Path]:
+    """Checkpoint files, newest (highest step) first."""
+    if not directory.is_dir():
+        return []
+    return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), reverse=True)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read one checkpoint; UserError if it is missing, not a checkpoint, or unreadable."""
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist (check --resume)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path} is not a readable hvdtrain checkpoint ({first[:160]})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise UserError(f"{path} is not an hvdtrain checkpoint (no '{FORMAT}' marker)")
+    return payload
+
+
+def find_latest(directory: Path) -> tuple[dict[str, Any] | None, Path | None, list[str]]:
+    """The newest checkpoint that loads; notes say which newer ones were skipped and why."""
+    notes: list[str] = []
+    for path in candidates(directory):
+        try:
+            return load(path), path, notes
+        except UserError as err:
+            notes.append(f"skipping {err}")
+    return None, None, notes

@@ -1,0 +1,372 @@
+"""Build, cache, install and verify Horovod 0.28.1 against the installed torch.
+
+Run with the Python of the environment that should receive Horovod:
+
+    .venv/bin/python scripts/install_horovod.py        # or scripts/install-horovod
+
+Standard library only, so it runs before hvdtrain itself is installed (Docker images use the same
+file). Horovod 0.28.1 does not compile against torch >= 2.1 as released: torch's headers need C++17
+while Horovod's torch extension asks for C++14, and linking a C++17 extension against the bundled
+gloo compiled as C++11 fails with duplicate `kDefaultTimeout` symbols. `apply_cxx17_fix` compiles
+the extension as C++17 and links it against a C++17 copy of gloo (the block Horovod already has for
+TensorFlow), which is what upstream master did after the last release.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HOROVOD_VERSION = "0.28.1"
+CXX17_MARKER = "# hvdtrain: C++17 fix for torch >= 2.1"
+EXPECTED_BUILD = ("PyTorch", "MPI", "Gloo")
+# command -> Debian package that provides it
+SYSTEM_TOOLS = {"mpicxx": "libopenmpi-dev", "mpirun": "openmpi-bin", "cmake": "cmake", "g++": "g++"}
+# Needed only by tests (the two-host test runs a real sshd per host); their absence never stops a build.
+TEST_TOOLS = {"/usr/sbin/sshd": "openssh-server"}
+
+
+class InstallError(Exception):
+    """A failure the user can act on; main() prints it as one line."""
+
+
+# ---------------------------------------------------------------- pure parts (unit tested)
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'2.13.0+cpu' -> (2, 13, 0); '2.1.0a0+git' -> (2, 1, 0)."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    if not match:
+        raise InstallError(f"cannot parse version {text!r}")
+    return tuple(int(part or 0) for part in match.groups())
+
+
+def needs_cxx17(torch_version: str) -> bool:
+    return parse_version(torch_version) >= (2, 1, 0)
+
+
+def cache_key(horovod: str, torch: str, python: str, cuda: str | None, nccl: bool) -> str:
+    """One folder per build configuration; a wheel is reused only for an identical one."""
+    accel = f"cu{cuda}" + ("-nccl" if nccl else "") if cuda else "cpu"
+    safe_torch = re.sub(r"[^0-9A-Za-z.]+", "_", torch)
+    return f"horovod-{horovod}-torch{safe_torch}-py{python}-{accel}"
+
+
+_TORCH_STD = (
+    'if(NOT Pytorch_VERSION VERSION_LESS "1.5.0")\n    set(CMAKE_CXX_STANDARD 14)\nendif()',
+    f'{CXX17_MARKER}\nif(NOT Pytorch_VERSION VERSION_LESS "2.1.0")\n    set(CMAKE_CXX_STANDARD 17)\n'
+    'elseif(NOT Pytorch_VERSION VERSION_LESS "1.5.0")\n    set(CMAKE_CXX_STANDARD 14)\nendif()',
+)
+_TORCH_GLOO = (
+    "if(HAVE_GLOO)\n    if (Pytorch_CXX11)\n        list(APPEND PYTORCH_LINKER_LIBS gloo)",
+    'if(HAVE_GLOO)\n    if (NOT Pytorch_VERSION VERSION_LESS "2.1.0")\n'
+    "        list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)\n"
+    "    elseif (Pytorch_CXX11)\n        list(APPEND PYTORCH_LINKER_LIBS gloo)",
+)
+_TORCH_EXPORT = (
+    "set(Pytorch_CXX11 ${Pytorch_CXX11} PARENT_SCOPE)",
+    "set(Pytorch_CXX11 ${Pytorch_CXX11} PARENT_SCOPE)\n"
+    'if(NOT Pytorch_VERSION VERSION_LESS "2.1.0")\n    set(Pytorch_CXX17 TRUE PARENT_SCOPE)\nendif()',
+)
+_TOP_GLOO17 = (
+    "if(HAVE_GLOO AND (DEFINED Tensorflow_CXX17 AND Tensorflow_CXX17))",
+    f"{CXX17_MARKER}\nif(HAVE_GLOO AND ((DEFINED Tensorflow_CXX17 AND Tensorflow_CXX17) OR "
+    "(DEFINED Pytorch_CXX17 AND Pytorch_CXX17)))",
+)
+_TOP_ABI = (
+    "    if (Tensorflow_CXX11)\n        target_compile_definitions(compatible17_gloo",
+    "    if (Tensorflow_CXX11 OR (NOT DEFINED Tensorflow_CXX11 AND Pytorch_CXX11))\n"
+    "        target_compile_definitions(compatible17_gloo",
+)
+PATCHES = {
+    "horovod/torch/CMakeLists.txt": (_TORCH_STD, _TORCH_GLOO, _TORCH_EXPORT),
+    "CMakeLists.txt": (_TOP_GLOO17, _TOP_ABI),
+}
+
+
+def patch_text(text: str, replacements: tuple[tuple[str, str], ...], name: str) -> str:
+    """Apply each (old, new) exactly once; text already carrying the marker is returned as is."""
+    if CXX17_MARKER in text:
+        return text
+    for old, new in replacements:
+        count = text.count(old)
+        if count != 1:
+            raise InstallError(f"{name}: expected the anchor once, found it {count} times: "
+                               f"{old.splitlines()[0]!r} (is this really horovod {HOROVOD_VERSION}?)")
+        text = text.replace(old, new)
+    return text
+
+
+def apply_cxx17_fix(src_dir: Path) -> bool:
+    """Patch an unpacked horovod source tree in place. Returns False if it was already patched."""
+    changed = False
+    for rel, replacements in PATCHES.items():
+        path = src_dir / rel
+        before = path.read_text()
+        after = patch_text(before, replacements, rel)
+        if after != before:
+            path.write_text(after)
+            changed = True
+    return changed
+
+
+def parse_check_build(output: str) -> dict[str, bool]:
+    """`horovodrun --check-build` lines like '[X] PyTorch' -> {'PyTorch': True}.
+
+    Controllers and tensor ops both list MPI and Gloo; a name counts as built only if every
+    line naming it is checked.
+    """
+    found: dict[str, bool] = {}
+    for mark, name in re.findall(r"\[([ X])\]\s+(\w+)", output):
+        found[name] = found.get(name, True) and mark == "X"
+    return found
+
+
+def missing_tools(which=shutil.which, tools: dict[str, str] = SYSTEM_TOOLS) -> list[str]:
+    return [tool for tool in tools if which(tool) is None]
+
+
+# ---------------------------------------------------------------- side effects
+
+def say(message: str) -> None:
+    print(f"[install-horovod] {message}", flush=True)
+
+
+def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    if log is None:
+        return subprocess.run(cmd, env=env, text=True, capture_output=True)
+    with log.open("a") as handle:
+        handle.write(f"\n$ {' '.join(cmd)}\n")
+        handle.flush()
+        return subprocess.run(cmd, env=env, text=True, stdout=handle, stderr=subprocess.STDOUT)
+
+
+def probe_torch(python: str) -> tuple[str, str | None]:
+    code = "import torch; print(torch.__version__); print(torch.version.cuda or '')"
+    proc = run([python, "-c", code])
+    if proc.returncode != 0:
+        raise InstallError(f"torch is not importable by {python}; install it first "
+                           "(e.g. `pip install torch==2.13.0`, or `make setup`)")
+    version, cuda = (proc.stdout.strip().splitlines() + [""])[:2]
+    return version, (cuda or None)
+
+
+def nccl_present() -> bool:
+    if os.environ.get("HOROVOD_NCCL_HOME") or os.environ.get("HOROVOD_NCCL_INCLUDE"):
+        return True
+    return any(Path(d, "nccl.h").exists() for d in ("/usr/include", "/usr/local/cuda/include"))
+
+
+def apt_install(packages: list[str], log: Path) -> bool:
+    say(f"installing system packages with apt: {' '.join(packages)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    return run(["apt-get", "update"], log, env).returncode == 0 and run(
+        ["apt-get", "install", "-y", "--no-install-recommends", *packages], log, env).returncode == 0
+
+
+def can_apt(use_apt: bool) -> bool:
+    return use_apt and os.geteuid() == 0 and shutil.which("apt-get") is not None
+
+
+def ensure_system_tools(log: Path, use_apt: bool = True) -> None:
+    missing = missing_tools()
+    if not missing:
+        return
+    packages = sorted({SYSTEM_TOOLS[tool] for tool in missing})
+    if not can_apt(use_apt):
+        raise InstallError(f"missing {', '.join(missing)}; install the packages "
+                           f"{' '.join(packages)} (e.g. `sudo apt-get install {' '.join(packages)}`)")
+    if not apt_install(packages, log):
+        raise InstallError(f"apt-get could not install {' '.join(packages)} (no network to the "
+                           f"package mirror?); full log: {log}")
+    still = missing_tools()
+    if still:
+        raise InstallError(f"still missing after apt: {', '.join(still)}; full log: {log}")
+
+
+def ensure_test_tools(log: Path, use_apt: bool = True, which=shutil.which) -> list[str]:
+    """Best effort: install what only tests need. Returns what is still missing (those tests skip)."""
+    missing = missing_tools(which, TEST_TOOLS)
+    packages = sorted({TEST_TOOLS[tool] for tool in missing})
+    if missing and can_apt(use_apt) and apt_install(packages, log):
+        missing = missing_tools(which, TEST_TOOLS)
+    if missing:
+        say(f"note: {', '.join(missing)} missing (Debian package {' '.join(packages)}); "
+            f"tests that need it will skip")
+    return missing
+
+
+def download_sdist(python: str, dest: Path, log: Path) -> Path:
+    say(f"downloading the horovod {HOROVOD_VERSION} source distribution with pip")
+    proc = run([python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                f"horovod=={HOROVOD_VERSION}", "-d", str(dest)], log)
+    archives = list(dest.glob(f"horovod-{HOROVOD_VERSION}.tar.gz"))
+    if proc.returncode != 0 or not archives:
+        raise InstallError(f"pip could not download horovod=={HOROVOD_VERSION} (no network to "
+                           f"the package index?); full log: {log}")
+    extract_archive(archives[0], dest)
+    return dest / f"horovod-{HOROVOD_VERSION}"
+
+
+def extract_archive(archive: Path, dest: Path, data_filter: bool = hasattr(tarfile, "data_filter")) -> None:
+    """Unpack a source archive, refusing members that would land outside `dest`.
+
+    Pythons with tarfile's extraction filters (3.12, and 3.11.4+) use the 'data' filter. Older ones
+    (Debian 12's python3 is 3.11.2) get the same refusal of absolute paths, `..`, links leaving
+    `dest` and device files, checked here before extracting.
+    """
+    with tarfile.open(archive) as tar:
+        if data_filter:
+            tar.extractall(dest, filter="data")
+            return
+        root = dest.resolve()
+        for member in tar.getmembers():
+            target = (dest / member.name).resolve()
+            link = (target.parent / member.linkname).resolve() if member.issym() else (
+                (dest / member.linkname).resolve() if member.islnk() else target)
+            if (not target.is_relative_to(root) or not link.is_relative_to(root)
+                    or member.isdev() or os.path.isabs(member.name)):
+                raise InstallError(f"{archive.name}: refusing unsafe member {member.name!r}")
+        tar.extractall(dest)
+
+
+def build_env(cuda: str | None, nccl: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(HOROVOD_WITH_PYTORCH="1", HOROVOD_WITH_MPI="1", HOROVOD_WITH_GLOO="1",
+               HOROVOD_WITHOUT_TENSORFLOW="1", HOROVOD_WITHOUT_MXNET="1")
+    env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 2}")
+    if cuda and nccl:
+        env.setdefault("HOROVOD_GPU_OPERATIONS", "NCCL")
+    return env
+
+
+def compile_wheel(python: str, src: Path, out: Path, env: dict[str, str], log: Path) -> Path:
+    # --no-build-isolation: the build must see the installed torch, so its build tools come from here.
+    if run([python, "-m", "pip", "install", "setuptools", "wheel"], log).returncode != 0:
+        raise InstallError(f"pip could not install setuptools/wheel for the build; full log: {log}")
+    say(f"compiling horovod {HOROVOD_VERSION} (C++: core, gloo twice, torch extension). "
+        f"This takes about 8-10 minutes on 2 cores and happens once per torch/Python version; "
+        f"log: {log}")
+    done = threading.Event()
+    start = time.monotonic()
+
+    def heartbeat() -> None:
+        while not done.wait(60):
+            say(f"  still compiling ... {int(time.monotonic() - start) // 60} min elapsed")
+
+    threading.Thread(target=heartbeat, daemon=True).start()
+    try:
+        proc = run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v",
+                    "-w", str(out), str(src)], log, env)
+    finally:
+        done.set()
+    wheels = list(out.glob("horovod-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        print(tail, file=sys.stderr)
+        raise InstallError(f"horovod build failed after {int(time.monotonic() - start)} s; "
+                           f"full build log: {log}")
+    say(f"built {wheels[0].name} in {int(time.monotonic() - start)} s")
+    return wheels[0]
+
+
+def install_wheel(python: str, wheel: Path, log: Path) -> None:
+    proc = run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)], log)
+    # Horovod's own runtime dependencies, without touching torch.
+    proc2 = run([python, "-m", "pip", "install", "cloudpickle", "psutil", "pyyaml", "packaging"], log)
+    if proc.returncode != 0 or proc2.returncode != 0:
+        raise InstallError(f"pip could not install {wheel.name}; full log: {log}")
+
+
+def verify(python: str) -> str:
+    horovodrun = Path(python).parent / "horovodrun"
+    proc = run([str(horovodrun) if horovodrun.exists() else "horovodrun", "--check-build"])
+    built = parse_check_build(proc.stdout)
+    missing = [name for name in EXPECTED_BUILD if not built.get(name)]
+    if proc.returncode != 0 or missing:
+        raise InstallError(f"horovodrun --check-build is missing {', '.join(missing) or '?'}:\n"
+                           f"{proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def installed_matches(python: str, torch_version: str) -> bool:
+    code = ("import horovod, horovod.torch, torch; "
+            f"assert horovod.__version__ == {HOROVOD_VERSION!r}; "
+            f"assert torch.__version__ == {torch_version!r}")
+    return run([python, "-c", code]).returncode == 0
+
+
+def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, test_tools: bool = True) -> None:
+    (cache_root / "logs").mkdir(parents=True, exist_ok=True)
+    # Before the early returns below: a machine with Horovod cached may still lack test tools.
+    if test_tools:
+        ensure_test_tools(cache_root / "logs" / "test-tools.log", use_apt)
+    torch_version, cuda = probe_torch(python)
+    nccl = bool(cuda) and nccl_present()
+    py = ".".join(map(str, sys.version_info[:2]))
+    if not force and installed_matches(python, torch_version):
+        verify(python)
+        say(f"horovod {HOROVOD_VERSION} for torch {torch_version} already installed and verified")
+        return
+    key = cache_key(HOROVOD_VERSION, torch_version, py, cuda, nccl)
+    cache_dir = cache_root / "wheels" / key
+    log_dir = cache_root / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{key}.log"
+    log.write_text("")
+    cached = sorted(cache_dir.glob("horovod-*.whl"))
+    if cached and not force:
+        say(f"using cached wheel {cached[0]}")
+        try:
+            install_wheel(python, cached[0], log)
+            verify(python)
+        except InstallError as err:
+            # E.g. a wheel copied from another machine whose MPI libraries differ: build a fresh one.
+            say(f"the cached wheel does not work here ({str(err).splitlines()[0]}); removing it and building")
+            cached[0].unlink()
+        else:
+            say("verified: PyTorch, MPI and Gloo are built in")
+            return
+    ensure_system_tools(log, use_apt)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-horovod-") as tmp:
+        src = download_sdist(python, Path(tmp), log)
+        if needs_cxx17(torch_version):
+            apply_cxx17_fix(src)
+            say(f"torch {torch_version} needs C++17: applied hvdtrain's build fix")
+        wheel = compile_wheel(python, src, Path(tmp) / "dist", build_env(cuda, nccl), log)
+        install_wheel(python, wheel, log)
+        print(verify(python))
+        # Cache only a wheel that verified, so a broken build is never reused.
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(wheel, cache_dir / wheel.name)
+    say(f"verified and cached in {cache_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache-dir", type=Path, default=Path(os.environ.get(
+        "HVDTRAIN_CACHE", Path.home() / ".cache" / "hvdtrain")), help="wheel cache root")
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    parser.add_argument("--no-apt", action="store_true",
+                        help="never install system packages; stop and name the missing ones")
+    parser.add_argument("--no-test-tools", action="store_true",
+                        help="skip the tools only hvdtrain's tests need (sshd), e.g. in an image")
+    args = parser.parse_args(argv)
+    try:
+        install(sys.executable, args.cache_dir, args.force, use_apt=not args.no_apt,
+                test_tools=not args.no_test_tools)
+    except InstallError as err:
+        print(f"install-horovod: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
