@@ -130,15 +130,23 @@ class Trainer:
         self.loader = build_loader(train_data, self.sampler, config, world.rank, self.device)
         self._fit_to_world()
         self.history = History()
+        self.after_epoch: Callable[[dict[str, Any]], bool] | None = None
 
-    def fit(self, epochs: int | None = None) -> History:
+    def fit(self, epochs: int | None = None, *, after_epoch: Callable[[dict[str, Any]], bool] | None = None
+            ) -> History:
         """Train. The first call runs up to `epochs` (default config.epochs) epochs in all, continuing a
         resumed run; each later call trains that many more.
+
+        Args:
+            after_epoch: called on every rank after each finished epoch with that epoch's record
+                (metrics, the same on every rank); returning True stops training there. Its answer
+                must be the same on every rank (e.g. rank 0's verdict, broadcast).
 
         Returns:
             The History of the epochs trained (rank 0's metrics, the same on every rank).
         """
         config, p = self.config, self.progress
+        self.after_epoch = after_epoch
         first_call = not self.history
         end_epoch = (epochs or config.epochs) + (0 if first_call else p.epoch)
         if not first_call:
@@ -264,6 +272,8 @@ class Trainer:
             self._end_epoch(p, lr_factor, time.perf_counter() - epoch_start, epoch_steps, bar)
             if finished_epoch and config.monitor:
                 self._judge(p)
+            if finished_epoch and self.after_epoch is not None and self.after_epoch(self.history[-1]):
+                end_epoch = p.epoch + 1     # asked to stop: this epoch is the last
             if finished_epoch:
                 p.epoch, p.position = p.epoch + 1, 0
                 p.stats = torch.zeros(3, dtype=torch.float64)
