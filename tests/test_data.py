@@ -6,7 +6,8 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.data.datasets import build_data, check_fits, digits, eval_shard, steps_per_epoch, synthetic
+from hvdtrain.data.datasets import build_data, digits, synthetic
+from hvdtrain.data.sharding import check_fits, eval_shard, steps_per_epoch
 from hvdtrain.errors import UserError
 
 

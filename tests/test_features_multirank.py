@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, horovodrun, show
 
 from hvdtrain.config.train_config import load_config
-from hvdtrain.data.datasets import steps_per_epoch
+from hvdtrain.data.sharding import steps_per_epoch
 from hvdtrain.models.builtin import build_model
 
 # The plug-ins in front of any PYTHONPATH already set (a checkout under test must stay first for hvdtrain).

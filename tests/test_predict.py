@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import ROOT, horovodrun, show
 
-from hvdtrain.cli.predict import interleave
+from hvdtrain.train import checkpoint
+from hvdtrain.train.evaluation import interleave
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.data.datasets import build_data
 from hvdtrain.models.builtin import build_model
@@ -27,7 +28,7 @@ def trained(tmp_path_factory):
     data = build_data(config)
     torch.manual_seed(123)  # not the config seed: the file's weights, not a rebuilt init, must be used
     model = build_model(config, (10,), data.num_classes)
-    torch.save({"format": "hvdtrain-checkpoint-1", "model": model.state_dict(), "config": config.to_dict()},
+    torch.save({"format": checkpoint.FORMAT, "model": model.state_dict(), "config": config.to_dict()},
                root / "ckpt-000000010.pt")
     (root / "run").mkdir()
     torch.save(model.state_dict(), root / "run" / "model.pt")

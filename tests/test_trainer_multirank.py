@@ -11,7 +11,7 @@ import torch
 from conftest import BACKENDS, ROOT, horovodrun, show
 
 from hvdtrain.config.train_config import load_config
-from hvdtrain.data.datasets import steps_per_epoch
+from hvdtrain.data.sharding import steps_per_epoch
 from hvdtrain.models.builtin import build_model
 
 

@@ -19,7 +19,7 @@ MP_CONTEXTS = ("forkserver", "spawn", "fork")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16")
 OPS = ("average", "adasum")
-MONITORS = ("", "val_acc", "val_loss")
+PROGRESS_BARS = ("auto", "on", "off")
 DECAYS = ("none", "cosine", "step")
 
 
@@ -49,7 +49,8 @@ class TrainConfig:
     op: str = option("average", "gradient reduction: average, or adasum (MPI; use with --lr-scaling none)")
     gradient_predivide_factor: float = option(1.0, "average: divide by this before the sum, by workers/this after")
     sync_bn: bool = option(False, "convert BatchNorm layers to Horovod's SyncBatchNorm (global batch statistics)")
-    monitor: str = option("", "val_acc or val_loss: keep best.pt at its best epoch; '' = off")
+    monitor: str = option("", "a held-out metric (val_acc, val_loss, val_mse...) for best.pt and patience; '' = off")
+    metrics: str = option("auto", "comma-separated: acc, topK_acc (e.g. top5_acc), mse, mae; auto = by task")
     patience: int = option(0, "stop after this many epochs without a better `monitor`; 0 = never stop early")
     hidden: int = option(128, "width of the built-in MLP's hidden layers")
     val_fraction: float = option(0.2, "held-out share of a built-in dataset, split with `seed`")
@@ -58,6 +59,7 @@ class TrainConfig:
     num_classes: int = option(10, "classes of the synthetic dataset")
     seed: int = option(42, "model init, split, and shuffle order; the same on every rank")
     log_interval: int = option(20, "steps between metric allreduces and progress lines")
+    progress_bar: str = option("auto", "auto (a terminal or notebook of your own, never under a launcher), on or off")
     tensorboard: bool = option(True, "also write TensorBoard events to <run>/tensorboard, if tensorboard is installed")
     timeline_file: str = option("", "write Horovod's timeline (Chrome trace JSON) to this file; '' = off")
     autotune: bool = option(False, "let Horovod tune its fusion buffer and cycle time while training")
@@ -123,7 +125,9 @@ class TrainConfig:
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("compression", self.compression, COMPRESSIONS)
         _check_choice("op", self.op, OPS)
-        _check_choice("monitor", self.monitor, MONITORS)
+        _check_choice("progress_bar", self.progress_bar, PROGRESS_BARS)
+        if self.monitor and not self.monitor.startswith("val_"):
+            raise ConfigError(f"monitor must name a held-out metric such as val_acc or val_loss, got {self.monitor!r}")
         if self.precision == "fp16" and self.device == "cpu":
             raise ConfigError("precision fp16 needs a CUDA device (float16 autocast with a loss scaler); "
                               "on CPU use --precision bf16")
@@ -143,6 +147,11 @@ class TrainConfig:
                                   "update inside backward, before a loss scaler could check it); use bf16")
         if self.patience and not self.monitor:
             raise ConfigError("patience needs a metric to watch: add --monitor val_acc or --monitor val_loss")
+
+    def changed(self) -> dict[str, Any]:
+        """The keys whose values differ from the defaults (what the console banner shows)."""
+        defaults = TrainConfig().to_dict()
+        return {key: value for key, value in self.to_dict().items() if defaults[key] != value}
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -38,9 +38,10 @@ def loader_options(config: TrainConfig, rank: int, device: torch.device) -> dict
     return options
 
 
-def build_loader(data: Any, sampler: Sampler[int], config: TrainConfig, rank: int,
+def build_loader(data: Any, sampler: Sampler[int] | None, config: TrainConfig, rank: int,
                  device: torch.device) -> DataLoader:
     """The training loader over `sampler`'s shard (the sampler decides order; workers only load).
+    A streaming dataset (sampler None) shards itself across ranks and loader workers.
 
     Example:
         >>> loader = build_loader(train_ds, ShardSampler(len(train_ds), rank, size, seed=42), config, rank,

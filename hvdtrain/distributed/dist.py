@@ -83,6 +83,13 @@ def world() -> World:
     return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
 
 
+def backend_name() -> str:
+    """How the ranks talk: 'Gloo', 'MPI', or 'one process'."""
+    if hvd.size() == 1:
+        return "one process"
+    return "MPI" if hvd.mpi_enabled() else "Gloo" if hvd.gloo_enabled() else "Horovod"
+
+
 def shutdown() -> None:
     if hvd is not None and hvd.is_initialized():
         hvd.shutdown()
