@@ -23,6 +23,14 @@ def restore_environ():
     os.environ.update(saved)
 
 
+@pytest.fixture
+def one_worker():
+    """Horovod stays initialised across tests: after MPI_Finalize, MPI cannot start again in a process."""
+    from hvdtrain.distributed import dist
+
+    yield dist.init()
+
+
 def horovodrun_cmd(np: int, args: list[str], backend: str) -> list[str]:
     return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
             "--start-timeout", "120", "--disable-cache", "--network-interfaces", "lo", sys.executable, *args]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,8 +18,8 @@ from hvdtrain.data.sharding import step_samples, steps_per_epoch
 from hvdtrain.distributed import dist
 from hvdtrain.errors import ConfigError, UserError
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train.precision import autocast
 from hvdtrain.train.early_stopping import improved, patience_exhausted
+from hvdtrain.train.precision import autocast
 from hvdtrain.train.trainer import Trainer, fit
 
 # --- tier 1: no Horovod -------------------------------------------------------------------------------
@@ -101,11 +100,6 @@ def test_autocast_runs_matmuls_in_bf16_and_is_off_for_fp32():
 
 # --- tier 2: one real Horovod worker in this process ---------------------------------------------------
 
-
-@pytest.fixture
-def one_worker():
-    """Horovod stays initialised across tests: after MPI_Finalize, MPI cannot start again in a process."""
-    yield dist.init()
 
 
 MLP = ["--model", "mlp", "--epochs", "2", "--threads", "1"]

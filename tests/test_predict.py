@@ -9,11 +9,11 @@ import pytest
 import torch
 from conftest import ROOT, horovodrun, show
 
-from hvdtrain.train import checkpoint
-from hvdtrain.train.evaluation import interleave
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.data.datasets import build_data
 from hvdtrain.models.builtin import build_model
+from hvdtrain.train import checkpoint
+from hvdtrain.train.evaluation import interleave
 
 # 2002 samples, half held out: 1001 predictions, shards of 334/334/333 over 3 ranks.
 JOB = dict(dataset="synthetic", synthetic_samples=2002, val_fraction=0.5, synthetic_shape=(10,), model="mlp",

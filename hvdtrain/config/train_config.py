@@ -20,6 +20,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16")
 OPS = ("average", "adasum")
 PROGRESS_BARS = ("auto", "on", "off")
+LOSSES = ("auto", "cross_entropy", "mse")
 DECAYS = ("none", "cosine", "step")
 
 
@@ -30,8 +31,12 @@ def option(default: Any, help: str) -> Any:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = option("cnn", "built-in (mlp, cnn) or a plug-in 'module.path:function'")
-    dataset: str = option("digits", "built-in (digits, synthetic) or a plug-in 'module.path:function'")
+    model: str = option("cnn", "mlp, cnn, resnet18, torchvision:NAME, timm:NAME or a plug-in 'module.path:function'")
+    dataset: str = option("digits", "digits, synthetic, images:DIR, csv:FILE, parquet:PATH, shards:GLOB or a plug-in")
+    image_size: int = option(64, "images:DIR: images are resized to this many pixels square")
+    features: str = option("", "csv/parquet/shards: comma-separated feature columns; '' = all but the label")
+    label: str = option("label", "csv/parquet/shards: the label column (integers/strings: classes; floats: regression)")
+    loss: str = option("auto", "auto (cross-entropy for class labels, MSE for real-valued targets), cross_entropy, mse")
     epochs: int = option(10, "passes over the training shard")
     max_steps: int = option(0, "stop after this many optimizer steps in total; 0 = no limit")
     batch_size: int = option(32, "per worker, not global")
@@ -86,7 +91,7 @@ class TrainConfig:
     mp_context: str = option("forkserver", "loader workers' start method: forkserver (fork-safe), spawn or fork")
 
     def __post_init__(self) -> None:
-        for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples",
+        for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples", "image_size",
                     "num_classes", "log_interval", "accumulate"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
@@ -126,6 +131,7 @@ class TrainConfig:
         _check_choice("compression", self.compression, COMPRESSIONS)
         _check_choice("op", self.op, OPS)
         _check_choice("progress_bar", self.progress_bar, PROGRESS_BARS)
+        _check_choice("loss", self.loss, LOSSES)
         if self.monitor and not self.monitor.startswith("val_"):
             raise ConfigError(f"monitor must name a held-out metric such as val_acc or val_loss, got {self.monitor!r}")
         if self.precision == "fp16" and self.device == "cpu":

@@ -47,9 +47,30 @@ def synthetic(config: TrainConfig) -> Data:
 
 
 BUILTIN = {"digits": digits, "synthetic": synthetic}
+# Data without code: 'KIND:PATH'. These prefixes are not plug-in module names.
+SOURCES = ("images", "csv", "parquet", "shards")
+
+
+def from_source(config: TrainConfig) -> Data:
+    """images:ROOT (ImageFolder layout), csv:FILE, parquet:FILE_OR_FOLDER, shards:GLOB (streamed Parquet)."""
+    kind, _, path = config.dataset.partition(":")
+    if kind == "images":
+        from hvdtrain.data.images import image_folder
+
+        return Data(*image_folder(path, config.image_size, config.val_fraction, config.seed))
+    if kind in ("csv", "parquet"):
+        from hvdtrain.data.tabular import tabular
+
+        return Data(*tabular(path, config.features, config.label, config.val_fraction, config.seed))
+    from hvdtrain.data.streaming import parquet_shards
+
+    return Data(*parquet_shards(path, config.features, config.label, config.val_fraction, config.batch_size,
+                                config.seed))
 
 
 def build_data(config: TrainConfig) -> Data:
+    if config.dataset.partition(":")[0] in SOURCES:
+        return from_source(config)
     result = resolve(config.dataset, "dataset", BUILTIN)(config)
     if not (isinstance(result, tuple) and len(result) == 3):
         raise UserError(f"dataset builder {config.dataset} must return (train, val, num_classes), "

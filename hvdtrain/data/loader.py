@@ -47,5 +47,9 @@ def build_loader(data: Any, sampler: Sampler[int] | None, config: TrainConfig, r
         >>> loader = build_loader(train_ds, ShardSampler(len(train_ds), rank, size, seed=42), config, rank,
         ...                       torch.device("cpu"))
     """
-    return DataLoader(data, batch_size=config.batch_size, sampler=sampler,
-                      **loader_options(config, rank, device))
+    options = loader_options(config, rank, device)
+    if sampler is None and config.workers:
+        # A stream's workers read the epoch and position set on the dataset when the epoch's iterator is
+        # made: persistent workers would keep the first epoch's copy.
+        options["persistent_workers"] = False
+    return DataLoader(data, batch_size=config.batch_size, sampler=sampler, **options)

@@ -117,9 +117,10 @@ class Console:
 
         columns = [("epoch", "epoch"), ("step", "step"), ("loss", "train_loss"), *metrics("train_"),
                    ("val_loss", "val_loss"), *metrics("val_"), *TAIL_COLUMNS]
+        widths = [max(9, len(name)) for name, _ in columns]
         if header:
-            self.line("  ".join(f"{name:>9}" for name, _ in columns))
-        self.line("  ".join(f"{_cell(key, record.get(key)):>9}" for _, key in columns))
+            self.line("  ".join(f"{name:>{w}}" for (name, _), w in zip(columns, widths, strict=True)))
+        self.line("  ".join(f"{_cell(key, record.get(key)):>{w}}" for (_, key), w in zip(columns, widths, strict=True)))
 
 def _cell(key: str, value: Any) -> str:
     if value is None:

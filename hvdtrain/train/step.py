@@ -39,6 +39,21 @@ class StepOut:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """MSE of outputs shaped like the targets ([B, 1] outputs for [B] targets)."""
+    if outputs.numel() == targets.numel():
+        outputs = outputs.reshape(targets.shape)
+    return nn.functional.mse_loss(outputs, targets)
+
+
+def default_loss(choice: str, batch: Any) -> LossFn:
+    """--loss: cross_entropy, mse, or auto (MSE when the targets of (inputs, targets) batches are real numbers)."""
+    if choice == "auto":
+        targets = batch[1] if isinstance(batch, (list, tuple)) and len(batch) == 2 else None
+        choice = "mse" if isinstance(targets, torch.Tensor) and targets.is_floating_point() else "cross_entropy"
+    return mse if choice == "mse" else nn.functional.cross_entropy
+
+
 def run_step(model: nn.Module, batch: Any, loss_fn: LossFn, step_fn: StepFn | None) -> StepOut:
     """Forward and loss for one batch already on the device (backward is the caller's)."""
     if step_fn is not None:

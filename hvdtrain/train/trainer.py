@@ -33,7 +33,7 @@ from hvdtrain.train.precision import autocast, check_precision, make_scaler
 from hvdtrain.train.progress import Progress
 from hvdtrain.train.resume import read_on_root, resume_state
 from hvdtrain.train.signals import STOP, agreed_signal, stop_flags
-from hvdtrain.train.step import LossFn, StepFn, check_step, run_step
+from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, run_step
 
 AfterEpoch = Callable[[dict[str, Any]], bool]
 
@@ -73,6 +73,13 @@ class Trainer:
         self.device = pick_device(config.device, world.local_rank * config.stages)
         check_precision(config.precision, self.device)
         self.streaming = isinstance(train_data, IterableDataset)
+        if self.streaming and not all(hasattr(train_data, a) for a in ("set_shard", "set_epoch", "shard_len")):
+            raise UserError(f"train_data is an IterableDataset ({type(train_data).__name__}) without set_shard/"
+                            "set_epoch/shard_len, so its samples cannot be split across workers exactly; use a "
+                            "map-style Dataset or hvdtrain.data.streaming.ParquetStream")
+        if self.streaming and config.elastic:
+            raise UserError("elastic training needs a map-style dataset (a stream cannot be re-split across a "
+                            "changing number of workers); drop --elastic or load the data in memory")
         check_fits(len(train_data), world.size)
         if config.monitor and val_data is None:
             raise UserError(f"monitor {config.monitor} needs held-out data (val_data); drop --monitor")
@@ -81,9 +88,10 @@ class Trainer:
         model = dist.convert_sync_bn(model) if config.sync_bn else model
         self.model = place(model, self.device, local_rank=world.local_rank, local_size=world.local_size,
                            stages=config.stages, split=config.stage_split, micro_batches=config.micro_batches)
-        self.loss_fn: LossFn = loss_fn or nn.functional.cross_entropy
         self.step_fn = step_fn
-        self.metrics = self._check_first_batch(metrics)
+        first = probe_batch(train_data, max(2, config.micro_batches))
+        self.loss_fn: LossFn = loss_fn or default_loss(config.loss, first)
+        self.metrics = self._check_first_batch(first, metrics)
         self.scaler = make_scaler(config.precision, self.device)
         optimizer = optimizer or make_optimizer(config, self.model)
         self.progress = Progress(stats=self.metrics.zeros())
@@ -126,11 +134,10 @@ class Trainer:
             dist.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
             self._open_log(resumed)
 
-    def _check_first_batch(self, metrics: Sequence[str | Metric] | None) -> MetricSet:
+    def _check_first_batch(self, batch: Any, metrics: Sequence[str | Metric] | None) -> MetricSet:
         """One step on a small batch, before anything is written: an unsupported batch, output, loss or
         metric is a one-line UserError on every rank alike. Returns the metrics' layout."""
         config = self.config
-        batch = probe_batch(self.train_data, max(2, config.micro_batches))
         with checkpoint.rng_preserved(), torch.no_grad(), autocast(config.precision, self.device):
             self.model.eval()
             try:
@@ -225,6 +232,7 @@ class Trainer:
         # Horovod: every rank shuffles alike (seed + epoch) and resumes at the same global position.
         self._start_epoch(p)
         shard_len = self._shard_len()
+        batches = -(-shard_len // config.batch_size)
         steps = seen = 0
         lr_factor = 1.0
         step_stats = self.metrics.zeros(self.device)
@@ -245,7 +253,7 @@ class Trainer:
             (self.scaler.scale(share) if self.scaler else share).backward()
             p.position += out.n * self.world.size
             seen += out.n
-            if (micro + 1) % config.accumulate and micro + 1 != len(self.loader):
+            if (micro + 1) % config.accumulate and micro + 1 != batches:
                 continue                                    # more micro-batches before this step
             if self._step(p, step_stats):
                 p.stats = p.stats + step_stats.cpu()
