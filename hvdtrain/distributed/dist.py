@@ -187,6 +187,20 @@ def allreduce_sum(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor.clone() if hvd.size() == 1 else hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
 
+def average_buffers(buffers: list[torch.Tensor]) -> None:
+    """Average float buffers (BatchNorm running statistics) over the ranks, in place, in one grouped op.
+
+    Without it every rank keeps statistics of its own shard: evaluation would differ by rank and the
+    replicas would not be equal at the end.
+    """
+    if hvd.size() == 1 or not buffers:
+        return
+    averaged = hvd.grouped_allreduce([b.detach() for b in buffers], op=hvd.Average, name="buffers")
+    with torch.no_grad():
+        for buffer, value in zip(buffers, averaged, strict=True):
+            buffer.copy_(value)
+
+
 def nonfinite_flag_async(value: torch.Tensor, name: str, gradient_predivide_factor: float = 1.0) -> Any:
     """Start the ranks' agreement on `value`: wait() gives 0 when it is finite on every rank, else NaN.
 

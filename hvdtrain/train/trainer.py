@@ -91,6 +91,8 @@ class Trainer:
         self.step_fn = step_fn
         first = probe_batch(train_data, max(2, config.micro_batches))
         self.loss_fn: LossFn = loss_fn or default_loss(config.loss, first)
+        self.float_buffers = [] if config.sync_bn else [
+            b for b in self.model.buffers() if b.is_floating_point()]
         self.metrics = self._check_first_batch(first, metrics)
         self.scaler = make_scaler(config.precision, self.device)
         optimizer = optimizer or make_optimizer(config, self.model)
@@ -352,6 +354,9 @@ class Trainer:
 
     def _end_epoch(self, p: Progress, lr_factor: float, seconds: float, steps: int, seen: int) -> None:
         total, signum, seen_all = self._reduce(p, "epoch_stats", seen)
+        # Horovod: one set of BatchNorm statistics for evaluation and the saved model (SyncBatchNorm keeps
+        # them equal already).
+        dist.average_buffers(self.float_buffers)
         record = {"kind": "epoch", "epoch": p.epoch, "step": p.step, "lr": self.base_lrs[0] * lr_factor,
                   **self.metrics.values(total, prefix="train_"), **self.evaluate(),
                   # samples trained in this process's run of the epoch: not those restored from a checkpoint
