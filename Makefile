@@ -16,7 +16,7 @@ setup: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/setup-env scripts/install-horovod
 	PYTHON='$(PYTHON)' VENV='$(VENV)' TORCH_SPEC='$(TORCH_SPEC)' EXTRAS='$(EXTRAS)' bash scripts/setup-env
 
-# The main job: the default config (MLP on scikit-learn's bundled digits) on NP local workers.
+# The main job: the default config (the CNN on scikit-learn's bundled digits) on NP local workers.
 run: setup
 	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) $(BIN)/python -m hvdtrain $(ARGS)
 

@@ -80,12 +80,12 @@ def _torch_load(path: Path, what: str) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"{path} is not a readable {what} ({first[:160]})") from None
+        raise UserError(f"{path} is not a readable hvdtrain {what} ({first[:160]})") from None
 
 
 def load(path: Path) -> dict[str, Any]:
     """Read one checkpoint; UserError if it is missing, not a checkpoint, or unreadable."""
-    payload = _torch_load(path, "hvdtrain checkpoint")
+    payload = _torch_load(path, "checkpoint")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else None
         why = f"format {found}, this hvdtrain reads {FORMAT}" if found else f"no '{FORMAT}' marker"
@@ -99,7 +99,7 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | 
     Returns:
         (state_dict, the checkpoint's config as a dict, or None for a plain state dict).
     """
-    payload = _torch_load(path, "model file")
+    payload = _torch_load(path, "checkpoint")
     if isinstance(payload, dict) and "format" in payload:
         checked = load(path)
         return checked["model"], checked["config"]
