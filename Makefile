@@ -9,7 +9,7 @@ ARGS ?=
 STAMP := $(VENV)/.hvdtrain-setup-ok
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint doctor bench clean docker-cpu docker-gpu
+.PHONY: setup run test test-fast lint doctor bench clean docker-cpu docker-gpu
 
 setup: $(STAMP)
 
@@ -22,6 +22,10 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest $(ARGS)
+
+# Unit tests and one-worker tests only (a few minutes): the tiers in tests/unit and tests/one_rank.
+test-fast: setup
+	$(BIN)/python -m pytest tests/unit tests/one_rank $(ARGS)
 
 # Benchmarks (benchmarks/README.md): hvdtrain vs hand-written Horovod vs DDP vs one process, A B A B.
 # make bench ARGS=--smoke for the CI size; results in bench-results/.

@@ -12,6 +12,18 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # The Horovod build script lives outside the package (it runs before hvdtrain is installed).
 sys.path.insert(0, str(ROOT / "scripts"))
+# Plug-ins that tests name as 'module:function' (and import directly); rank-side scripts live in ranks/.
+PLUGINS_DIR = ROOT / "tests" / "plugins"
+sys.path.insert(0, str(PLUGINS_DIR))
+TIERS = ("unit", "one_rank", "multirank", "cluster")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers by folder: tests/unit -> unit, tests/one_rank -> one_rank, and so on."""
+    for item in items:
+        tier = next((part for part in Path(str(item.fspath)).parts if part in TIERS), None)
+        if tier:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(autouse=True)

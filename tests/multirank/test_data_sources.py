@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import horovodrun, kill_tree, show
+from conftest import PLUGINS_DIR, horovodrun, kill_tree, show
 
-pytestmark = pytest.mark.multirank
 COMMON = ["--threads", "1", "--log-interval", "5"]
 
 
@@ -82,8 +81,7 @@ def steps_seen(log_prefix: Path) -> dict[tuple[str, int], list[int]]:
 def test_streamed_shards_each_sample_once_equal_steps_and_exact_resume_after_kill(tmp_path, data, background):
     """2 ranks x 2 loader workers over 9 training shards (1 held out); kill -9 mid-epoch, --resume auto."""
     log = tmp_path / "probe"
-    env = {"ELASTIC_PROBE_LOG": str(log), "ELASTIC_PROBE_SLEEP_S": "0.05", "PYTHONPATH": str(Path(__file__).parent
-                                                                                              / "plugins")}
+    env = {"ELASTIC_PROBE_LOG": str(log), "ELASTIC_PROBE_SLEEP_S": "0.05", "PYTHONPATH": str(PLUGINS_DIR)}
     args = ["-m", "hvdtrain", "--dataset", f"shards:{data / 'shards' / '*.parquet'}", "--features", "pixels,index",
             "--model", "elastic_probe:probe_mlp", "--val-fraction", "0.1", "--epochs", "3", "--batch-size", "32",
             "--workers", "2", "--checkpoint-steps", "10", *COMMON, "--run-dir", str(tmp_path), "--name", "s"]

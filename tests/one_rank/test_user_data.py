@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 from collections import namedtuple
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import ROOT
 from torch.utils.data import IterableDataset, TensorDataset
+from user_models import TinyEncoder, TwoHeads, dict_digits, dict_step, two_heads_loss  # noqa: E402
 
 import hvdtrain
 from hvdtrain.data.datasets import build_data
@@ -21,9 +21,6 @@ from hvdtrain.errors import UserError
 from hvdtrain.train.batch import batch_len, describe, to_device
 from hvdtrain.train.metrics import ErrorMean, MetricSet, TopK, by_name
 from hvdtrain.train.signals import agreed_signal, stop_flags
-
-sys.path.insert(0, str(Path(__file__).parent / "plugins"))
-from user_models import TinyEncoder, TwoHeads, dict_digits, dict_step, two_heads_loss  # noqa: E402
 
 Pair = namedtuple("Pair", "x y")
 

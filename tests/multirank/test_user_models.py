@@ -10,7 +10,6 @@ import pytest
 import torch
 from conftest import ROOT, horovodrun, show
 
-pytestmark = pytest.mark.multirank
 SCRIPT = "tests/ranks/user_models.py"
 
 
