@@ -113,7 +113,7 @@ class Console:
         """One aligned table row per epoch (the header before the first); metric columns follow the record."""
         def metrics(prefix: str) -> list[tuple[str, str]]:
             return [(key.removeprefix("train_"), key) for key in record if key.startswith(prefix)
-                    and key not in (f"{prefix}loss", "val_samples") and isinstance(record[key], (int, float))]
+                    and key != f"{prefix}loss" and not key.endswith("_samples") and isinstance(record[key], (int, float))]
 
         columns = [("epoch", "epoch"), ("step", "step"), ("loss", "train_loss"), *metrics("train_"),
                    ("val_loss", "val_loss"), *metrics("val_"), *TAIL_COLUMNS]

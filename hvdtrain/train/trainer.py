@@ -358,7 +358,8 @@ class Trainer:
         # them equal already).
         dist.average_buffers(self.float_buffers)
         record = {"kind": "epoch", "epoch": p.epoch, "step": p.step, "lr": self.base_lrs[0] * lr_factor,
-                  **self.metrics.values(total, prefix="train_"), **self.evaluate(),
+                  **self.metrics.values(total, prefix="train_"), "train_samples": int(total[1].item()),
+                  **self.evaluate(),
                   # samples trained in this process's run of the epoch: not those restored from a checkpoint
                   "samples_per_s": seen_all / seconds if seconds else 0.0, "epoch_time_s": seconds,
                   "step_time_s": seconds / steps if steps else None}

@@ -37,7 +37,7 @@ from hvdtrain.train.trainer import Trainer, fit
      "gradient_predivide_factor applies only to op average"),
     (["--op", "adasum", "--lr-scaling", "none", "--precision", "fp16"], "cannot be combined with op adasum"),
     (["--gradient-predivide-factor", "0"], "gradient_predivide_factor must be > 0"),
-    (["--monitor", "val_f1"], "monitor must be one of , val_acc, val_loss"),
+    (["--monitor", "f1"], "monitor must name a held-out metric such as val_acc or val_loss, got 'f1'"),
     (["--patience", "3"], "patience needs a metric to watch: add --monitor val_acc or --monitor val_loss"),
     (["--patience", "-1", "--monitor", "val_acc"], "patience must be >= 0"),
     (["--stall-check-s", "-5"], "stall_check_s must be >= 0"),
