@@ -112,8 +112,8 @@ class Console:
     def epoch_row(self, record: dict[str, Any], header: bool) -> None:
         """One aligned table row per epoch (the header before the first); metric columns follow the record."""
         def metrics(prefix: str) -> list[tuple[str, str]]:
-            return [(key.removeprefix("train_"), key) for key in record if key.startswith(prefix)
-                    and key != f"{prefix}loss" and not key.endswith("_samples") and isinstance(record[key], (int, float))]
+            return [(key.removeprefix("train_"), key) for key, value in record.items() if key.startswith(prefix)
+                    and key != f"{prefix}loss" and not key.endswith("_samples") and isinstance(value, (int, float))]
 
         columns = [("epoch", "epoch"), ("step", "step"), ("loss", "train_loss"), *metrics("train_"),
                    ("val_loss", "val_loss"), *metrics("val_"), *TAIL_COLUMNS]

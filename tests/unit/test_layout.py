@@ -35,7 +35,8 @@ def imports(path: Path) -> list[tuple[str, bool]]:
             names = [f"{node.module}.{alias.name}" for alias in node.names]
             found += [(name, id(node) in typing_only) for name in [node.module, *names]]
         elif isinstance(node, ast.Import):
-            found += [(alias.name, id(node) in typing_only) for alias in node.names if alias.name.startswith("hvdtrain")]
+            found += [(alias.name, id(node) in typing_only) for alias in node.names
+                      if alias.name.startswith("hvdtrain")]
     return found
 
 
