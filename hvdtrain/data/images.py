@@ -53,7 +53,7 @@ class ImageFolder(Dataset):
         path, label = self.samples[index]
         try:
             with Image.open(path) as image:
-                pixels = image.convert("RGB").resize((self.size, self.size), Image.BILINEAR)
+                pixels = image.convert("RGB").resize((self.size, self.size), Image.Resampling.BILINEAR)
                 data = torch.frombuffer(bytearray(pixels.tobytes()), dtype=torch.uint8)
         except OSError as err:
             raise UserError(f"cannot read image {path}: {err}") from None

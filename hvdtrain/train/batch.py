@@ -26,7 +26,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
         if type(batch) is dict:
             return moved
         try:  # keep a mapping's own type (e.g. Hugging Face's BatchEncoding) when it rebuilds from a dict
-            return type(batch)(moved)
+            return type(batch)(moved)  # type: ignore[call-arg]
         except Exception:
             return moved
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple

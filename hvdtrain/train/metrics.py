@@ -23,9 +23,19 @@ F64 = torch.float64
 
 
 class Metric(Protocol):
-    name: str                   # reported as NAME (training) and val_NAME (held-out)
-    size: int                   # how many sums it keeps
-    higher_is_better: bool
+    @property
+    def name(self) -> str:
+        """Reported as NAME (training) and val_NAME (held-out)."""
+        ...
+
+    @property
+    def size(self) -> int:
+        """How many sums it keeps."""
+        ...
+
+    @property
+    def higher_is_better(self) -> bool:
+        ...
 
     def sums(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """float64 tensor of `size` sums for this batch (on the batch's device; no .item())."""
