@@ -16,6 +16,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 PLUGINS_DIR = ROOT / "tests" / "plugins"
 sys.path.insert(0, str(PLUGINS_DIR))
 TIERS = ("unit", "one_rank", "multirank", "cluster")
+# A job small enough to compare weights across launches: 2 workers x batch b must equal 1 worker x 2b.
+EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction", "0.2",
+         "--synthetic-shape", "1,8,8", "--model", "mlp", "--hidden", "32", "--lr", "0.05",
+         "--lr-scaling", "none", "--warmup-epochs", "0", "--max-steps", "12", "--log-interval", "4",
+         "--threads", "1"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,6 +38,13 @@ def restore_environ():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+def equiv_one_process(run_dir: Path, name: str) -> None:
+    """The reference of the equivalence tests: EQUIV on one process with the global batch (32)."""
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain", *EQUIV, "--batch-size", "32", "--run-dir", str(run_dir),
+                           "--name", name], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, show(proc)
 
 
 @pytest.fixture

@@ -92,10 +92,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples", "image_size",
-                    "num_classes", "log_interval", "accumulate"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
-        for key in ("keep_checkpoints", "commit_steps", "stages", "micro_batches", "prefetch_factor"):
+                    "num_classes", "log_interval", "accumulate", "keep_checkpoints", "commit_steps", "stages",
+                    "micro_batches", "prefetch_factor"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum", "checkpoint_epochs",
