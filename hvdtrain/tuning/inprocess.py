@@ -91,7 +91,7 @@ def _run_trial(trial: Any, number: int, params: dict[str, Any], base: TrainConfi
         prune = False
         if trial is not None and record.get(settings.metric) is not None:   # rank 0 owns the trial
             trial.report(record[settings.metric], record["epoch"])
-            prune = record["epoch"] + 1 < config.epochs and trial.should_prune()
+            prune = record["epoch"] + 1 < config.epochs and bool(trial.should_prune())
         # Horovod: rank 0's verdict for every rank, so the workers stop together after this epoch.
         prune = dist.broadcast_object(prune, name="tune_prune")
         verdicts.append(prune)

@@ -173,7 +173,7 @@ def _watch(job: Job, study: Study, settings: TuneSettings) -> None:
         job.trial.report(value, epoch)
         job.reported.append(epoch)
         last_epoch = epoch + 1 >= job.config.epochs
-        if job.pruned_at is None and not last_epoch and job.trial.should_prune():
+        if job.pruned_at is None and not last_epoch and bool(job.trial.should_prune()):
             job.pruned_at = epoch
             _stop(job, signal.SIGTERM)
     if job.term_sent and job.proc.poll() is None and time.monotonic() - job.term_sent > settings.grace_s:

@@ -87,21 +87,32 @@ def trial_line(frozen: Any, settings: TuneSettings, finished: int) -> str:
 def results_table(trials: list[Any], settings: TuneSettings) -> str:
     """One row per trial of the study, best first among the complete ones."""
     keys = sorted({key for t in trials for key in t.params})
-    header = ["trial", "state", settings.metric, "epochs", *keys, "workers", "time_s"]
+    header = ["trial", "state", settings.metric, "epochs", *keys, "workers", "time_s", "note"]
     reverse = settings.direction == "maximize"
     done = sorted((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value, reverse=reverse)
     rest = sorted((t for t in trials if t.state.name != "COMPLETE"), key=lambda t: t.number)
     rows = [header]
     for t in [*done, *rest]:
         last = t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None
-        value = t.value if t.value is not None else last
+        value = t.value if t.value is not None else last if t.state.name == "PRUNED" else None
         rows.append([str(t.number), t.state.name.lower(), "-" if value is None else f"{value:.4f}",
                      str(len(t.intermediate_values)),
                      *(_cell(t.params.get(key)) for key in keys),
                      str(t.user_attrs.get("world_size", "-")),
-                     f"{t.user_attrs['duration_s']:.1f}" if "duration_s" in t.user_attrs else "-"])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
+                     f"{t.user_attrs['duration_s']:.1f}" if "duration_s" in t.user_attrs else "-",
+                     _note(t)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    return "\n".join("  ".join([*(cell.rjust(width) for cell, width in zip(row, widths, strict=False)), row[-1]])
+                     .rstrip() for row in rows)
+
+
+def _note(trial: Any) -> str:
+    attrs = trial.user_attrs
+    if trial.state.name == "FAIL":
+        return str(attrs.get("error", ""))[:100]
+    if "pruned_at_epoch" in attrs:
+        return f"pruned after epoch {attrs['pruned_at_epoch'] + 1}"
+    return f"retry of trial {attrs['retry_of']}" if "retry_of" in attrs else ""
 
 
 def _cell(value: Any) -> str:
