@@ -168,3 +168,19 @@ def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, space, ar
 def test_cli_needs_a_space(tmp_path):
     proc = tune_cli("--trials", "2", cwd=tmp_path)
     assert proc.returncode == 2 and "the following arguments are required: --space" in proc.stderr
+
+
+def test_the_python_api_is_hvdtrain_tune_and_loads_lazily():
+    code = ("import sys, hvdtrain; assert 'optuna' not in sys.modules and 'torch' not in sys.modules; "
+            "from hvdtrain.tuning.api import tune; assert hvdtrain.tune is tune; "
+            "import hvdtrain.tuning.space; assert hvdtrain.tune is tune; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_cli_help_lists_the_tune_options_and_the_config_keys(tmp_path):
+    proc = tune_cli("--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    for flag in ("--space", "--trials", "--parallel", "--mode", "--pruner", "--sampler-seed", "--lr "):
+        assert flag in proc.stdout, flag
