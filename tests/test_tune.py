@@ -184,3 +184,14 @@ def test_cli_help_lists_the_tune_options_and_the_config_keys(tmp_path):
     assert proc.returncode == 0
     for flag in ("--space", "--trials", "--parallel", "--mode", "--pruner", "--sampler-seed", "--lr "):
         assert flag in proc.stdout, flag
+
+
+@pytest.mark.parametrize("sampler, pruner", [("tpe", "median"), ("random", "hyperband"), ("tpe", "none")])
+def test_every_sampler_and_pruner_opens_asks_and_judges(tmp_path, sampler, pruner):
+    study = open_study(TuneSettings(trials=2, dir=str(tmp_path), sampler=sampler, pruner=pruner, metric="val_loss"))
+    trial = study.ask(parse_space(SPACE), {})
+    trial.report(0.5, 0)
+    assert trial.should_prune() in (True, False) and study.optuna.direction.name == "MINIMIZE"
+    study.close()
+    with pytest.raises(UserError, match="was made to minimize, not to maximize val_acc"):
+        open_study(TuneSettings(trials=2, dir=str(tmp_path), sampler=sampler, pruner=pruner))

@@ -9,7 +9,12 @@ trials.json, history.png, importance.png, and one run directory per trial under 
 """
 from __future__ import annotations
 
+import signal
+import sys
+from types import FrameType
+
 from hvdtrain.cli.args import Parser, positive_int
+from hvdtrain.errors import Stopped
 from hvdtrain.tuning.settings import BACKENDS, METRICS, MODES, PRUNERS, SAMPLERS
 
 
@@ -52,6 +57,24 @@ def main(args: list[str]) -> int:
     if options.mode == "inprocess":
         from hvdtrain.train.signals import STOP
 
-        STOP.install()   # SIGTERM: the ranks agree to stop the running trial; a re-run retries it
-    result = tune(options.space, options.trials, config=config, **settings)
+        STOP.install()   # SIGINT/SIGTERM: the ranks agree to stop the running trial; a re-run retries it
+    else:
+        signal.signal(signal.SIGTERM, _interrupt)   # like Ctrl-C: stop the trial jobs, record them, exit
+    try:
+        result = tune(options.space, options.trials, config=config, **settings)
+    except KeyboardInterrupt:
+        console_line("tune: stopped; the running trials are queued again: re-run the same command to resume")
+        return 130
+    except Stopped as stop:
+        console_line(f"tune: {stop}; the trial is queued again: re-run the same command to resume")
+        return 128 + stop.signum
     return 0 if result.best_number is not None else 1
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def console_line(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()

@@ -18,7 +18,7 @@ import torch
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import dist
-from hvdtrain.errors import UserError
+from hvdtrain.errors import Stopped, UserError
 from hvdtrain.train.lr_schedule import scaled_lr
 from hvdtrain.tuning.report import Progress
 from hvdtrain.tuning.settings import TuneSettings
@@ -68,7 +68,12 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
                 break
             number, params = plan
             started = time.monotonic()
-            outcome = _run_trial(trial, number, params, base, settings, folder, ranks_log, world.rank)
+            try:
+                outcome = _run_trial(trial, number, params, base, settings, folder, ranks_log, world.rank)
+            except Stopped:     # SIGINT/SIGTERM: every rank stopped at the same step; a re-run retries it
+                if study is not None and trial is not None:
+                    study.interrupted(trial, "the job was stopped by a signal while this trial ran")
+                raise
             if study is not None and trial is not None:
                 trial.set_user_attr("duration_s", round(time.monotonic() - started, 2))
                 failures += not _record(study, trial, outcome, settings)

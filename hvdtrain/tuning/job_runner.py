@@ -105,7 +105,7 @@ def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress:
             _stop(job, signal.SIGTERM)
         for job in running:
             _wait_or_kill(job, settings.grace_s)
-            study.fail(job.trial, "stopped: the tune process was interrupted")
+            study.interrupted(job.trial, "the tune process was stopped while this trial ran")
         raise
 
 

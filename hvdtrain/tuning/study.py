@@ -49,6 +49,14 @@ class Study:
         trial.set_user_attr("error", error)
         self.optuna.tell(trial, state=_state("FAIL"))
 
+    def interrupted(self, trial: Any, why: str) -> None:
+        """A trial cut short by a stop or crash of the study itself: failed, and queued to run again once."""
+        retried = not trial.user_attrs.get("retry_of_interrupted")   # a trial that stops us twice stays failed
+        self.fail(trial, f"interrupted: {why}" + ("; queued again" if retried else ""))
+        if retried:
+            self.optuna.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number,
+                                                                "retry_of_interrupted": True})
+
     def close(self) -> None:
         fcntl.flock(self.lock, fcntl.LOCK_UN)
         self.lock.close()
@@ -100,7 +108,7 @@ def open_study(settings: TuneSettings) -> Study:
         raise UserError(f"study {settings.study!r} in {folder} was made to {study.direction.name.lower()}, not to "
                         f"{settings.direction} {settings.metric}; use another --dir or --study")
     opened = Study(study, settings, lock)
-    opened.recovered = _recover(study)
+    opened.recovered = _recover(opened)
     return opened
 
 
@@ -139,19 +147,15 @@ def _pruner(settings: TuneSettings) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def _recover(study: Any) -> list[int]:
+def _recover(opened: Study) -> list[int]:
     """Trials RUNNING with nobody running them: stop what is left of them, fail them, queue them again."""
     import optuna
 
     recovered = []
-    for frozen in study.get_trials(deepcopy=False, states=(_state("RUNNING"),)):
+    for frozen in opened.optuna.get_trials(deepcopy=False, states=(_state("RUNNING"),)):
         stop_leftover_job(frozen.user_attrs.get("job_pid"), frozen.user_attrs.get("job_config", ""))
-        trial = optuna.trial.Trial(study, frozen._trial_id)
-        trial.set_user_attr("error", "interrupted: the tune process stopped while this trial ran; retried")
-        study.tell(frozen.number, state=_state("FAIL"))
-        if not frozen.user_attrs.get("retry_of_interrupted"):   # once: a trial that kills us twice stays failed
-            study.enqueue_trial(frozen.params, user_attrs={"retry_of": frozen.number,
-                                                           "retry_of_interrupted": True})
+        opened.interrupted(optuna.trial.Trial(opened.optuna, frozen._trial_id),
+                           "the tune process stopped while this trial ran")
         recovered.append(frozen.number)
     return recovered
 
