@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.output.files import write_text
 from hvdtrain.tuning.settings import TuneSettings
@@ -193,7 +191,3 @@ def write_plots(study: Any, settings: TuneSettings) -> tuple[list[Path], list[st
     written.append(folder / "importance.png")
     return written, notes
 
-
-def best_summary(path: Path | None) -> dict[str, Any]:
-    """best.yaml read back (for the Python API's result)."""
-    return yaml.safe_load(path.read_text()) if path else {}
