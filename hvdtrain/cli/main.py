@@ -1,5 +1,5 @@
 """The `hvdtrain` command: `hvdtrain [train] [--config FILE] [--key value ...]`, and one module per other
-subcommand (predict, doctor, hosts, spark). Exit codes: 0 done, 2 a user error (one line), 1 a crash,
+subcommand (predict, doctor, hosts, spark, tune). Exit codes: 0 done, 2 a user error (one line), 1 a crash,
 128+N stopped by signal N."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ USAGE = """usage: hvdtrain [train] [--config FILE] [--key value ...]
        hvdtrain doctor
        hvdtrain hosts check FILE | from-env [--format hostfile|H] [-o FILE]
        hvdtrain spark [--num-proc N] [--start-timeout S] [--config FILE] [--key value ...]
+       hvdtrain tune --space FILE --trials N [--np M] [--parallel K] [--mode job|inprocess] [--dir D] [--key value ...]
 
 Run under horovodrun for several workers, e.g.
   horovodrun -np 2 -H localhost:2 python -m hvdtrain --model cnn --epochs 5"""
@@ -72,6 +73,9 @@ def _subcommand(name: str) -> Callable[[list[str]], int] | None:
     if name == "spark":
         from hvdtrain.cli.spark import main as spark
         return spark
+    if name == "tune":
+        from hvdtrain.cli.tune import main as tune
+        return tune
     return None
 
 

@@ -1,0 +1,11 @@
+"""Hyperparameter search on Horovod with Optuna (`hvdtrain tune`, `hvdtrain.tune`).
+
+space.py (the search space: parsing, checks), settings.py (how a study runs), study.py (journal storage,
+resume, recovery), job_runner.py (a horovodrun job per trial), inprocess.py (trials inside one Horovod
+job), report.py (lines, table, best.yaml, plots), api.py (the entry point).
+"""
+from __future__ import annotations
+
+from hvdtrain.tuning.api import TuneResult, tune
+
+__all__ = ["TuneResult", "tune"]

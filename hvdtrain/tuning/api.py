@@ -1,0 +1,122 @@
+"""`hvdtrain.tune(...)`: the one entry point of a study, for the CLI and for Python. A table of contents:
+parse and check the space, open (or resume) the study, run the trials in the chosen mode, report."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hvdtrain.config.train_config import TrainConfig, load_config
+from hvdtrain.errors import ConfigError
+from hvdtrain.tuning.report import LAUNCHER_VARS, Progress, results_table, say, write_best, write_plots
+from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.space import Param, check_against, load_space, parse_space
+from hvdtrain.tuning.study import Study, open_study, trial_summary, write_trials_json
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """A study's outcome as plain data (the same on every rank of an inprocess job)."""
+    dir: str
+    best_number: int | None          # None when no trial completed
+    best_value: float | None
+    best_params: dict[str, Any]
+    best_config: str | None          # TUNE_DIR/best.yaml
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def tune(space: str | dict[str, Any], trials: int, *, config: TrainConfig | str | None = None,
+         **options: Any) -> TuneResult:
+    """Search hyperparameters with Optuna, each trial trained with Horovod; resumes a study left in `dir`.
+
+    Args:
+        space: a space YAML file, or the same mapping as a dict (see hvdtrain/tuning/space.py).
+        trials: finished trials (complete or pruned) the study should hold in all.
+        config: the base config (a TrainConfig or a YAML path); each trial overrides the searched keys.
+        **options: TuneSettings fields: dir, mode ("job" or "inprocess"), np, parallel, metric, sampler,
+            pruner, startup_trials, warmup_epochs, seed, study, hosts, backend, max_failures.
+    Returns:
+        A TuneResult: the best trial, its value and parameters, best.yaml's path, every trial, the plots.
+    Raises:
+        ConfigError: a bad space, config or option (before any trial runs).
+    Example:
+        >>> result = hvdtrain.tune({"lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True}}, 6,
+        ...                        config=hvdtrain.load_config(model="mlp", epochs=5), np=2, parallel=2)
+        >>> result.best_value, result.best_config
+    """
+    settings = TuneSettings(trials=trials, **options)
+    params = load_space(space) if isinstance(space, str) else parse_space(space)
+    base = config if isinstance(config, TrainConfig) else load_config(config)
+    check_against(params, base)
+    if settings.mode == "inprocess":
+        return _inprocess(params, base, settings)
+    if any(name in os.environ for name in LAUNCHER_VARS):
+        raise ConfigError("tune: job mode starts a horovodrun job per trial itself: run `hvdtrain tune` without "
+                          "horovodrun, or add --mode inprocess to run the trials inside this Horovod job")
+    study = open_study(settings)
+    try:
+        progress = Progress(settings, study.finished())
+        _announce(study, progress)
+        from hvdtrain.tuning.job_runner import run_jobs
+
+        try:
+            run_jobs(study, params, base, progress)
+        finally:
+            progress.close()
+        return _report(study, base)
+    finally:
+        study.close()
+
+
+def _inprocess(params: dict[str, Param], base: TrainConfig, settings: TuneSettings) -> TuneResult:
+    from hvdtrain.distributed import dist
+    from hvdtrain.tuning.inprocess import run_inprocess
+
+    study = run_inprocess(params, base, settings)
+    result = None
+    if study is not None:   # rank 0
+        try:
+            result = _report(study, base)
+        finally:
+            study.close()
+    # Horovod: every rank returns rank 0's result.
+    return dist.broadcast_object(result, name="tune_result")
+
+
+def _announce(study: Study, progress: Progress) -> None:
+    settings, done = study.settings, study.finished()
+    if done or study.recovered:
+        again = f"; {len(study.recovered)} interrupted trial(s) marked failed and queued again" \
+            if study.recovered else ""
+        progress.line(f"tune: resuming study '{settings.study}' in {settings.dir}: {done} of {settings.trials} "
+                      f"trials finished{again}")
+    how = (f"{settings.np} workers per trial, {settings.parallel} at a time" if settings.mode == "job"
+           else "inside this Horovod job")
+    progress.line(f"tune: {study.remaining()} trial(s) to run, {how}; {settings.sampler} sampler, "
+                  f"{settings.pruner} pruner on {settings.metric}")
+
+
+def _report(study: Study, base: TrainConfig) -> TuneResult:
+    """Table, trials.json, best.yaml and plots; a line for each."""
+    settings, optuna_study = study.settings, study.optuna
+    trials = optuna_study.get_trials(deepcopy=False)
+    say(results_table(trials, settings))
+    write_trials_json(study)
+    best_file = write_best(optuna_study, settings, base.run_dir or "runs")
+    plots, notes = write_plots(optuna_study, settings)
+    best = optuna_study.best_trial if best_file else None
+    if best is not None:
+        say(f"tune: best trial {best.number}: {settings.metric} {best.value:.4f} -> {best_file}")
+    else:
+        notes.append("no trial completed: no best.yaml (see the trial logs in "
+                     f"{Path(settings.dir) / 'trials'})")
+    for note in notes:
+        say(f"tune: {note}")
+    say(f"tune: plots {', '.join(str(p) for p in plots)}")
+    return TuneResult(dir=settings.dir, best_number=best.number if best else None,
+                      best_value=best.value if best else None, best_params=dict(best.params) if best else {},
+                      best_config=str(best_file) if best_file else None,
+                      trials=[trial_summary(t) for t in trials], plots=[str(p) for p in plots], notes=notes)

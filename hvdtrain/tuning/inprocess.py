@@ -1,0 +1,137 @@
+"""Mode `inprocess`: one long-lived Horovod job runs the trials one after another.
+
+`horovodrun -np 2 python -m hvdtrain tune --mode inprocess ...` starts every rank in this loop. Rank 0
+alone owns the study: it asks Optuna for a trial and broadcasts the parameters; every rank trains that
+trial together; after each epoch rank 0 reports the held-out metric and broadcasts the pruner's verdict,
+so all ranks stop at the same epoch. No process start-up per trial, but a rank that crashes ends the
+whole job (re-run the command: the study resumes, the interrupted trial is retried once).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.distributed import dist
+from hvdtrain.errors import Stopped, UserError
+from hvdtrain.train.lr_schedule import scaled_lr
+from hvdtrain.tuning.report import Progress
+from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.space import Param, trial_config
+from hvdtrain.tuning.study import Study, open_study
+
+
+def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSettings) -> Study | None:
+    """Every rank runs this; trials go until the study holds settings.trials finished ones.
+
+    Args:
+        space: the parsed search space; base: the config each trial starts from; settings: the study's.
+    Returns:
+        The open Study on rank 0 (for the report), None on the other ranks.
+    Raises:
+        UserError: on every rank at once when rank 0 cannot open the study.
+    Example:
+        >>> study = run_inprocess(load_space("space.yaml"), load_config(epochs=3), TuneSettings(trials=4))
+    """
+    world = dist.init(dist.horovod_env(base))
+    study, error = None, None
+    if world.is_root:
+        try:
+            study = open_study(settings)
+        except UserError as err:
+            error = str(err)
+    # Horovod: rank 0's verdict for all, so no rank waits alone in the loop below.
+    error = dist.broadcast_object(error, name="tune_open")
+    if error:
+        raise UserError(error)
+    progress = Progress(settings, study.finished() if study else 0, enabled=world.is_root)
+    ranks_log = Path(settings.dir) / "ranks" / f"rank-{world.rank}.jsonl"
+    ranks_log.parent.mkdir(parents=True, exist_ok=True)
+    folder = str(Path(settings.dir).resolve() / "trials")
+    scale = scaled_lr(1.0, world.size, base.lr_scaling)
+    failures = 0
+    try:
+        while True:
+            trial = None
+            if study is not None and study.remaining() > 0 and failures < settings.failure_limit:
+                trial = study.ask(space, {"mode": "inprocess", "world_size": world.size,
+                                          "lr_scaling": base.lr_scaling, "lr_scale": scale})
+                trial.set_user_attr("run_dir", str(Path(folder) / f"trial-{trial.number:04d}"))
+            # Horovod: every rank trains the parameters rank 0 sampled.
+            plan = dist.broadcast_object((trial.number, trial.params) if trial else None, name="tune_trial")
+            if plan is None:
+                break
+            number, params = plan
+            started = time.monotonic()
+            try:
+                outcome = _run_trial(trial, number, params, base, settings, folder, ranks_log, world.rank)
+            except Stopped:     # SIGINT/SIGTERM: every rank stopped at the same step; a re-run retries it
+                if study is not None and trial is not None:
+                    study.interrupted(trial, "the job was stopped by a signal while this trial ran")
+                raise
+            if study is not None and trial is not None:
+                trial.set_user_attr("duration_s", round(time.monotonic() - started, 2))
+                failures += not _record(study, trial, outcome, settings)
+                progress.trial_done(study, study.optuna.trials[number])
+    finally:
+        progress.close()
+    return study
+
+
+def _run_trial(trial: Any, number: int, params: dict[str, Any], base: TrainConfig, settings: TuneSettings,
+               folder: str, ranks_log: Path, rank: int) -> dict[str, Any]:
+    """Train one trial on every rank; the outcome (value, pruned epoch or error) is the same on all."""
+    from hvdtrain.data.datasets import build_data
+    from hvdtrain.models.builtin import build_model
+    from hvdtrain.train.trainer import Trainer
+
+    verdicts: list[bool] = []
+
+    def after_epoch(record: dict[str, Any]) -> bool:
+        prune = False
+        if trial is not None and record.get(settings.metric) is not None:   # rank 0 owns the trial
+            trial.report(record[settings.metric], record["epoch"])
+            prune = record["epoch"] + 1 < config.epochs and bool(trial.should_prune())
+        # Horovod: rank 0's verdict for every rank, so the workers stop together after this epoch.
+        prune = dist.broadcast_object(prune, name="tune_prune")
+        verdicts.append(prune)
+        return prune
+
+    outcome: dict[str, Any] = {}
+    try:
+        config = trial_config(base, params, run_dir=folder, name=f"trial-{number:04d}")
+        torch.manual_seed(config.seed)
+        data = build_data(config)
+        model = build_model(config, tuple(data.train[0][0].shape), data.num_classes)
+        history = Trainer(model, data.train, data.val, config=config).fit(after_epoch=after_epoch)
+        outcome = {"value": history.summary.get(settings.metric), "pruned_at": len(verdicts) - 1
+                   if verdicts and verdicts[-1] else None}
+    except UserError as err:    # a bad combination or a diverged run: the same verdict on every rank
+        outcome = {"error": str(err)}
+    with ranks_log.open("a") as handle:   # each rank's own account, to check they trained the same trials
+        handle.write(json.dumps({"trial": number, "params": params, "pid": os.getpid(), "rank": rank,
+                                 "verdicts": verdicts, **outcome}) + "\n")
+    return outcome
+
+
+def _record(study: Study, trial: Any, outcome: dict[str, Any], settings: TuneSettings) -> bool:
+    """Rank 0: tell Optuna how the trial ended; False when it failed."""
+    from optuna.trial import TrialState
+
+    if "error" in outcome:
+        study.fail(trial, outcome["error"])
+        return False
+    if outcome["pruned_at"] is not None:
+        trial.set_user_attr("pruned_at_epoch", outcome["pruned_at"])
+        study.optuna.tell(trial, state=TrialState.PRUNED)
+        return True
+    if outcome["value"] is None:
+        study.fail(trial, f"the trial ended without a {settings.metric} (no held-out data?)")
+        return False
+    study.optuna.tell(trial, outcome["value"])
+    return True

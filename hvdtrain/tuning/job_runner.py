@@ -1,0 +1,240 @@
+"""Mode `job`: every trial is its own `horovodrun -np M` job, K at a time, watched through its metrics.jsonl.
+
+A crashing trial takes only its own job down. After each epoch the trial's held-out metric (from the
+run's metrics.jsonl) is reported to Optuna; when the pruner says stop, the trial's horovodrun gets
+SIGTERM, which it passes to its workers; they agree to stop at their next log interval (within the
+epoch) and exit 143. The trial is recorded as pruned at that epoch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from hvdtrain.config.train_config import TrainConfig, to_yaml
+from hvdtrain.errors import ConfigError, UserError
+from hvdtrain.train.lr_schedule import scaled_lr
+from hvdtrain.tuning.report import Progress
+from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.space import Param, trial_config
+from hvdtrain.tuning.study import Study, stop_leftover_job
+
+POLL_S = 0.2
+
+
+@dataclass
+class Job:
+    """One trial's running horovodrun and what has been read of its metrics so far."""
+    trial: Any                      # optuna.Trial
+    config: TrainConfig
+    proc: subprocess.Popen
+    log: IO[bytes]
+    started: float
+    offset: int = 0                 # bytes of metrics.jsonl consumed
+    partial: bytes = b""            # a line still being written
+    reported: list[int] = field(default_factory=list)
+    pruned_at: int | None = None    # epoch (0-based) after which the pruner stopped it
+    term_sent: float = 0.0
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.config.run_dir) / self.config.name
+
+
+def horovodrun() -> str:
+    """horovodrun beside this Python (a virtualenv's), else on PATH."""
+    local = Path(sys.executable).parent / "horovodrun"
+    found = str(local) if local.exists() else shutil.which("horovodrun")
+    if not found:
+        raise UserError("horovodrun not found beside this Python or on PATH; run `make setup` or "
+                        "scripts/install-horovod (or use --mode inprocess under your own launcher)")
+    return found
+
+
+def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
+    """The trial's launch command: `horovodrun -np M -H HOSTS --gloo ... python -m hvdtrain --config FILE`."""
+    hosts = settings.hosts or f"localhost:{settings.np}"
+    command = [horovodrun(), "-np", str(settings.np), "-H", hosts, f"--{settings.backend}",
+               "--start-timeout", "120", "--disable-cache"]
+    if hosts.startswith("localhost:"):
+        command += ["--network-interfaces", "lo"]   # Horovod: one machine, talk over loopback
+    return [*command, sys.executable, "-m", "hvdtrain", "--config", str(config_file)]
+
+
+def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress: Progress) -> None:
+    """Run trials as jobs until the study holds settings.trials finished ones (or too many failed).
+
+    Args:
+        study: the open study; base: the config every trial starts from; progress: where lines go.
+    Example:
+        >>> run_jobs(open_study(settings), load_space("space.yaml"), load_config("base.yaml"), Progress(settings))
+    """
+    settings = study.settings
+    running: list[Job] = []
+    failures = 0
+    try:
+        while True:
+            while (len(running) < settings.parallel and study.remaining() > len(running)
+                   and failures < settings.failure_limit):
+                job = _start(study, space, base)
+                if job is None:
+                    failures += 1
+                    progress.trial_done(study, study.optuna.trials[-1])
+                else:
+                    running.append(job)
+            if not running:
+                break
+            time.sleep(POLL_S)
+            for job in list(running):
+                _watch(job, study, settings)
+                if job.proc.poll() is None:
+                    continue
+                _watch(job, study, settings)   # the last lines, written just before exit
+                running.remove(job)
+                failures += not _finish(job, study, settings)
+                progress.trial_done(study, study.optuna.trials[job.trial.number])
+    except BaseException:    # Ctrl-C or an error here: stop our jobs, record them, then let it propagate
+        for job in running:
+            _stop(job, signal.SIGTERM)
+        for job in running:
+            _wait_or_kill(job, settings.grace_s)
+            study.interrupted(job.trial, "the tune process was stopped while this trial ran")
+        raise
+
+
+def _start(study: Study, space: dict[str, Param], base: TrainConfig) -> Job | None:
+    settings = study.settings
+    folder = Path(settings.dir).resolve() / "trials"
+    folder.mkdir(parents=True, exist_ok=True)
+    # K trials of M workers share this host: give each worker its share of the cores unless the config says.
+    threads = base.threads or max(1, (os.cpu_count() or 1) // (settings.np * settings.parallel))
+    scale = scaled_lr(1.0, settings.np, base.lr_scaling)
+    trial = study.ask(space, {"mode": "job", "world_size": settings.np, "lr_scaling": base.lr_scaling,
+                              "lr_scale": scale})
+    name = f"trial-{trial.number:04d}"
+    try:
+        config = trial_config(base, trial.params, run_dir=str(folder), name=name, threads=threads)
+    except ConfigError as err:
+        study.fail(trial, f"invalid config: {err}")
+        return None
+    # The LR rule is the trainer's (applied per world size); recorded here so the table shows what ran.
+    trial.set_user_attr("lr_effective", config.lr * scale)
+    config_file = folder / f"{name}.yaml"
+    config_file.write_text(to_yaml(config))
+    log_file = folder / f"{name}.log"
+    log = log_file.open("wb")
+    proc = subprocess.Popen(job_command(config_file, settings), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    # What a later run needs to stop this job should this process die (the config path marks it as ours).
+    trial.set_user_attr("job_pid", proc.pid)
+    trial.set_user_attr("job_config", str(config_file))
+    trial.set_user_attr("run_dir", str(folder / name))
+    trial.set_user_attr("log", str(log_file))
+    return Job(trial, config, proc, log, time.monotonic())
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the tune process dies, even by kill -9."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch(job: Job, study: Study, settings: TuneSettings) -> None:
+    """Report the epochs the trial finished since last time; SIGTERM its job if the pruner says so."""
+    metrics = job.run_path / "metrics.jsonl"
+    try:
+        with metrics.open("rb") as handle:
+            handle.seek(job.offset)
+            chunk = handle.read()
+    except FileNotFoundError:
+        return
+    job.offset += len(chunk)
+    *lines, job.partial = (job.partial + chunk).split(b"\n")
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        value, epoch = record.get(settings.metric), record.get("epoch")
+        if record.get("kind") != "epoch" or value is None or epoch in job.reported:
+            continue
+        job.trial.report(value, epoch)
+        job.reported.append(epoch)
+        last_epoch = epoch + 1 >= job.config.epochs
+        if job.pruned_at is None and not last_epoch and bool(job.trial.should_prune()):
+            job.pruned_at = epoch
+            _stop(job, signal.SIGTERM)
+    if job.term_sent and job.proc.poll() is None and time.monotonic() - job.term_sent > settings.grace_s:
+        _stop(job, signal.SIGKILL)
+
+
+def _stop(job: Job, sig: int) -> None:
+    job.term_sent = job.term_sent or time.monotonic()
+    try:
+        os.killpg(job.proc.pid, sig)   # horovodrun's group; horovodrun passes SIGTERM on to its workers
+    except ProcessLookupError:
+        pass
+    if sig == signal.SIGKILL:   # workers run in sessions of their own: take the whole tree
+        stop_leftover_job(job.proc.pid, str(job.trial.user_attrs.get("job_config", "")))
+
+
+def _wait_or_kill(job: Job, grace_s: float) -> None:
+    try:
+        job.proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _stop(job, signal.SIGKILL)
+        job.proc.wait()
+    job.log.close()
+
+
+def _finish(job: Job, study: Study, settings: TuneSettings) -> bool:
+    """Record the ended job's outcome; False when the trial failed."""
+    job.log.close()
+    trial, code = job.trial, job.proc.returncode
+    trial.set_user_attr("duration_s", round(time.monotonic() - job.started, 2))
+    trial.set_user_attr("exit_code", code)
+    if job.pruned_at is not None:
+        trial.set_user_attr("pruned_at_epoch", job.pruned_at)
+        study.optuna.tell(trial, state=_pruned())
+        return True
+    if code == 0:
+        summary = job.run_path / "summary.json"
+        value = json.loads(summary.read_text()).get(settings.metric) if summary.exists() else None
+        if value is not None:
+            study.optuna.tell(trial, value)
+            return True
+        study.fail(trial, f"the job ended without a {settings.metric} in {summary}")
+        return False
+    study.fail(trial, f"exit {code}: {error_line(Path(trial.user_attrs['log']))}")
+    return False
+
+
+def _pruned() -> Any:
+    from optuna.trial import TrialState
+
+    return TrialState.PRUNED
+
+
+def error_line(log: Path) -> str:
+    """The line of a trial's log that says what went wrong (a worker's `hvdtrain: error`, else the last line)."""
+    try:
+        lines = [line.split(">:", 1)[-1].strip() for line in log.read_text(errors="replace").splitlines()]
+    except OSError:
+        return "no log"
+    lines = [line for line in lines if line]
+    for line in lines:
+        if line.startswith("hvdtrain: error") or line.startswith("hvdtrain: rank"):
+            return line
+    return lines[-1] if lines else "no output"
