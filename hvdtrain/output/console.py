@@ -82,14 +82,14 @@ class Console:
         sys.stderr.flush()
 
     # ---- the progress bar (rank 0 only)
-    def open_bar(self, choice: str, total: int, initial: int) -> None:
+    def open_bar(self, choice: str, total: int, initial: int, unit: str = "step") -> None:
         notebook = "ipykernel" in sys.modules
         if not self.rank0 or not bar_wanted(choice, tty=sys.stderr.isatty(), notebook=notebook,
                                             launched=under_launcher()):
             return
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=total, initial=initial, unit="step", leave=False)
+        self.bar = tqdm(total=total, initial=initial, unit=unit, leave=False)
 
     def advance(self) -> None:
         if self.bar is not None:

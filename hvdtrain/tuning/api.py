@@ -2,14 +2,14 @@
 parse and check the space, open (or resume) the study, run the trials in the chosen mode, report."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig, load_config
 from hvdtrain.errors import ConfigError
-from hvdtrain.tuning.report import LAUNCHER_VARS, Progress, results_table, say, write_best, write_plots
+from hvdtrain.output.console import under_launcher
+from hvdtrain.tuning.report import Progress, results_table, say, write_best, write_plots
 from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import Param, check_against, load_space, parse_space
 from hvdtrain.tuning.study import Study, open_study, trial_summary, write_trials_json
@@ -53,7 +53,7 @@ def tune(space: str | dict[str, Any], trials: int, *, config: TrainConfig | str 
     check_against(params, base)
     if settings.mode == "inprocess":
         return _inprocess(params, base, settings)
-    if any(name in os.environ for name in LAUNCHER_VARS):
+    if under_launcher():
         raise ConfigError("tune: job mode starts a horovodrun job per trial itself: run `hvdtrain tune` without "
                           "horovodrun, or add --mode inprocess to run the trials inside this Horovod job")
     study = open_study(settings)

@@ -5,57 +5,43 @@ one write each, and a tqdm bar over trials only in a terminal of the user's own.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 from hvdtrain.config.train_config import load_config, to_yaml
+from hvdtrain.output.console import console
 from hvdtrain.output.files import write_text
 from hvdtrain.tuning.settings import TuneSettings
 
-LAUNCHER_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
-
-def say(text: str, bar: Any = None) -> None:
-    """One whole line to stdout in one write (above the bar when there is one)."""
-    if bar is not None:
-        bar.write(text)
-    else:
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
+def say(text: str) -> None:
+    """One whole line, through the console layer (above the bar when there is one)."""
+    console.line(text)
 
 
 class Progress:
     """A line per finished trial; a bar over the study's trials only where someone watches."""
 
     def __init__(self, settings: TuneSettings, finished: int, *, enabled: bool = True) -> None:
-        import os
-
         self.settings = settings
         self.enabled = enabled
-        self.bar: Any = None
-        watched = sys.stderr.isatty() and not any(name in os.environ for name in LAUNCHER_VARS)
-        if enabled and watched:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=settings.trials, initial=min(finished, settings.trials), unit="trial",
-                            leave=False)
+        if enabled:
+            console.open_bar("auto", settings.trials, min(finished, settings.trials), unit="trial")
 
     def line(self, text: str) -> None:
         if self.enabled:
-            say(text, self.bar)
+            say(text)
 
     def trial_done(self, study: Any, frozen: Any) -> None:
         if not self.enabled:
             return
         self.line(trial_line(frozen, self.settings, study.finished()))
-        if self.bar is not None and frozen.state.name in ("COMPLETE", "PRUNED"):
-            self.bar.update()
+        if frozen.state.name in ("COMPLETE", "PRUNED"):
+            console.advance()
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        if self.enabled:
+            console.close_bar()
 
 
 def _params(params: dict[str, Any]) -> str:

@@ -15,8 +15,6 @@ import psutil
 import pytest
 from conftest import ROOT, horovodrun, kill_tree, show
 
-pytestmark = pytest.mark.multirank
-
 # Small and quick: the MLP on digits, one thread per worker.
 BASE = ["--model", "mlp", "--threads", "1", "--tensorboard", "false"]
 ENV = {"PYTHONPATH": str(ROOT)}
