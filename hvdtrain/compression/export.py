@@ -1,0 +1,68 @@
+"""Export a model with torch.export (`.pt2`), load it back with plain torch, and check its outputs."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hvdtrain.errors import UserError
+from hvdtrain.output.files import atomic_write
+
+# Any batch size from 1 up: the exported graph keeps the batch dimension symbolic.
+MAX_BATCH = 1 << 16
+
+
+def export_program(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
+    """torch.export of `model` (eval mode) with a dynamic batch dimension.
+
+    Args:
+        model: an nn.Module; torchao int8 tensors and PT2E graphs export too.
+        example: a batch of inputs (batch >= 2, so the batch size is not specialised).
+    Returns:
+        The ExportedProgram.
+    Example:
+        >>> program = export_program(model.eval(), torch.rand(8, 1, 8, 8))
+    """
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    if not isinstance(model, torch.fx.GraphModule):  # an exported graph (PT2E) has no train/eval switch
+        model.eval()
+    with torch.no_grad():
+        return torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+
+
+def program_bytes(program: torch.export.ExportedProgram) -> int:
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    return len(buffer.getvalue())
+
+
+def save_program(program: torch.export.ExportedProgram, path: str | Path) -> Path:
+    """Write the program atomically; it loads with `torch.export.load(path).module()`, no hvdtrain needed."""
+    return atomic_write(path, lambda handle: torch.export.save(program, handle))
+
+
+def load_exported(path: str | Path) -> Any:
+    """The callable module of an exported `.pt2` file.
+
+    Args:
+        path: a `model.pt2` written by `hvdtrain compress`.
+    Returns:
+        A torch.fx GraphModule; call it on a batch of inputs.
+    Example:
+        >>> model = load_exported("runs/mlp-int8/model.pt2")
+        >>> model(torch.rand(4, 1, 8, 8)).shape
+    """
+    try:
+        return torch.export.load(str(path)).module()
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"cannot load exported model {path}: {first[:200]}") from None
+
+
+@torch.no_grad()
+def max_difference(first: Any, second: Any, inputs: torch.Tensor) -> float:
+    """Largest absolute difference of two models' outputs on the same inputs."""
+    return float((first(inputs) - second(inputs)).abs().max().item())
