@@ -141,6 +141,28 @@ def train_config(config: TrainConfig, **changes: Any) -> TrainConfig:
     return load_config(**{**config.to_dict(), **plain, **changes})
 
 
+def prepare(run_dir: str | Path, method: str = "int8", *, out: str = "", **options: Any) -> tuple[
+        CompressOptions, Source, Path, tuple[nn.Module, TrainConfig] | None]:
+    """Every check of `compress`, before anything is trained or written (the CLI runs it before launching).
+
+    Returns:
+        The options, the source run, the output directory to create, and the (student, config) for distill.
+    Raises:
+        UserError: an unknown method or option, a run without a model, an output that exists, a model prune
+            cannot shrink, a student that does not fit the data.
+    """
+    try:
+        opts = CompressOptions(method=method, out=out, **options)
+    except TypeError as err:
+        raise UserError(f"compress: {err}") from None
+    source = load_source(run_dir)
+    out_path = plan_out(source.path, opts.method, opts.out)
+    student = _student(source, opts) if opts.method == "distill" else None
+    if opts.method == "prune":
+        check_prunable(source.model)
+    return opts, source, out_path, student
+
+
 def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **options: Any) -> dict[str, Any]:
     """Compress the model of a finished run into a new run directory, with a measured report.
 
@@ -157,16 +179,7 @@ def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **opti
         >>> report["models"][1]["bytes"] / report["models"][0]["bytes"]
     Under `horovodrun -np N` every rank calls it; prune's fine-tune and distillation use all ranks.
     """
-    try:
-        opts = CompressOptions(method=method, out=out, **options)
-    except TypeError as err:
-        raise UserError(f"compress: {err}") from None
-    source = load_source(run_dir)
-    out_path = plan_out(source.path, opts.method, opts.out)
-    student = _student(source, opts) if opts.method == "distill" else None
-    if opts.method == "prune":
-        check_prunable(source.model)
-
+    opts, source, out_path, student = prepare(run_dir, method, out=out, **options)
     from hvdtrain.distributed import dist
 
     # Horovod: only training needs the workers; int8 alone runs without Horovod unless launched under it.

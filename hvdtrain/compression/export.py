@@ -55,6 +55,9 @@ def load_exported(path: str | Path) -> Any:
         >>> model = load_exported("runs/mlp-int8/model.pt2")
         >>> model(torch.rand(4, 1, 8, 8)).shape
     """
+    from hvdtrain.compression.quantize import quiet_torchao
+
+    quiet_torchao()  # an int8 program's ops live in torchao, which torch.export.load imports
     try:
         return torch.export.load(str(path)).module()
     except Exception as err:

@@ -30,13 +30,27 @@ class Quantized:
     notes: list[str] = field(default_factory=list)
 
 
-def _torchao() -> Any:
+def quiet_torchao() -> None:
+    """On import torchao logs that its CUDA-only kernels do not load on a CPU build (harmless) and trips a
+    deprecation log of torch's pytree: keep both out of the user's console."""
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    pytree = logging.getLogger("torch.utils._pytree")
+    level = pytree.level
+    pytree.setLevel(logging.ERROR)
     try:
-        # torchao prints warnings about CUDA-only kernels it cannot load on a CPU build; they are harmless.
-        logging.getLogger("torchao").setLevel(logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import torchao.quantization as tq
+            import torchao  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        pytree.setLevel(level)
+
+
+def _torchao() -> Any:
+    quiet_torchao()
+    try:
+        import torchao.quantization as tq
     except ImportError as err:
         raise UserError(f"int8 needs torchao ({err}); pip install 'hvdtrain[compress]' (torchao==0.18.0)") from None
     return tq
