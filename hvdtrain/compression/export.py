@@ -44,13 +44,29 @@ def save_program(program: torch.export.ExportedProgram, path: str | Path) -> Pat
     return atomic_write(path, lambda handle: torch.export.save(program, handle))
 
 
-def load_exported(path: str | Path) -> Any:
+class ExportedModel(nn.Module):
+    """An exported program as an ordinary inference module: `eval()` / `train()` are accepted (the graph was
+    exported in eval mode and stays so), so `Trainer(model, ...).predict(data)` and `.evaluate()` take it."""
+
+    def __init__(self, graph: nn.Module) -> None:
+        super().__init__()
+        self.graph = graph
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.graph(inputs)
+
+    def train(self, mode: bool = True) -> ExportedModel:
+        self.training = mode  # the graph's own behaviour was fixed (eval) at export
+        return self
+
+
+def load_exported(path: str | Path) -> ExportedModel:
     """The callable module of an exported `.pt2` file.
 
     Args:
         path: a `model.pt2` written by `hvdtrain compress`.
     Returns:
-        A torch.fx GraphModule; call it on a batch of inputs.
+        An ExportedModel (an nn.Module); call it on a batch of inputs.
     Example:
         >>> model = load_exported("runs/mlp-int8/model.pt2")
         >>> model(torch.rand(4, 1, 8, 8)).shape
@@ -59,10 +75,11 @@ def load_exported(path: str | Path) -> Any:
 
     quiet_torchao()  # an int8 program's ops live in torchao, which torch.export.load imports
     try:
-        return torch.export.load(str(path)).module()
+        graph = torch.export.load(str(path)).module()
     except Exception as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UserError(f"cannot load exported model {path}: {first[:200]}") from None
+    return ExportedModel(graph)
 
 
 @torch.no_grad()
