@@ -45,9 +45,9 @@ class CompressOptions:
     epochs: int = 0                   # prune: fine-tune epochs (0 = 3); distill: student epochs (0 = the source's)
     lr: float = 0.0                   # prune/distill: base LR for one worker; 0 = the source run's
     student: str = "mlp"              # distill: built-in (mlp, cnn) or plug-in 'module:function' model
-    student_hidden: int = 32          # distill: the student's `hidden` width
+    student_hidden: int = 64          # distill: the student's `hidden` width
     temperature: float = 4.0          # distill: softens teacher and student outputs
-    alpha: float = 0.7                # distill: weight of the teacher's soft targets; 1 - alpha on the labels
+    alpha: float = 0.5                # distill: weight of the teacher's soft targets; 1 - alpha on the labels
     baseline: bool = True             # distill: also train the student without the teacher, same budget
     threads: int = 1                  # torch threads while timing latency
     repeats: int = 30                 # timed forward passes per model and batch size (the median is reported)
