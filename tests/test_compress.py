@@ -68,7 +68,8 @@ def test_int8_mlp_is_2x_smaller_as_accurate_and_its_export_matches(runs, tmp_pat
     check_report(report, out, source)
     original, int8 = report["models"]
     print(f"\nint8 mlp: bytes {original['bytes']} -> {int8['bytes']}, acc {original['val_acc']:.4f} -> "
-          f"{int8['val_acc']:.4f}, ms@1 {original['latency_ms']['1']:.3f} -> {int8['latency_ms']['1']:.3f}")
+          f"{int8['val_acc']:.4f}, ms@1 {original['latency_ms']['1']:.3f} -> {int8['latency_ms']['1']:.3f}, ms@64 "
+          f"{original['latency_ms']['64']:.3f} -> {int8['latency_ms']['64']:.3f}")
     assert report["details"]["int8_mode"] == "dynamic" and report["details"]["int8_layers"] == ["1", "3", "5"]
     assert original["bytes"] >= 2 * int8["bytes"]
     assert abs(int8["val_acc"] - original["val_acc"]) <= 0.01
@@ -96,6 +97,9 @@ def test_static_int8_cnn_with_pt2e_and_predict_takes_it(runs, tmp_path):
     report = hvdtrain.compress(runs / "cnn", "int8", out=str(out), calibration=128, **FAST)
     check_report(report, out, source)
     original, int8 = report["models"]
+    print(f"\nstatic int8 cnn: bytes {original['bytes']} -> {int8['bytes']}, acc {original['val_acc']:.4f} -> "
+          f"{int8['val_acc']:.4f}, ms@1 {original['latency_ms']['1']:.3f} -> {int8['latency_ms']['1']:.3f}, ms@64 "
+          f"{original['latency_ms']['64']:.3f} -> {int8['latency_ms']['64']:.3f}")
     assert report["details"]["int8_mode"] == "static" and report["details"]["calibration_samples"] == 128
     assert original["bytes"] >= 3 * int8["bytes"]  # int8 weights, float32 biases and scales
     assert abs(int8["val_acc"] - original["val_acc"]) <= 0.01

@@ -35,8 +35,9 @@ def test_distilled_student_on_two_workers_beats_the_same_student_alone(teacher, 
     details = report["details"]
     print(f"\ndistill on {details['workers']} workers: teacher {original['params']} params acc "
           f"{original['val_acc']:.4f}; student {distilled['params']} params: with teacher {distilled['val_acc']:.4f}, "
-          f"without {alone['val_acc']:.4f} ({details['epochs']} epochs each); ms@64 {original['latency_ms']['64']:.3f}"
-          f" -> {distilled['latency_ms']['64']:.3f}")
+          f"without {alone['val_acc']:.4f} ({details['epochs']} epochs each); bytes {original['bytes']} -> "
+          f"{distilled['bytes']}; ms@1 {original['latency_ms']['1']:.3f} -> {distilled['latency_ms']['1']:.3f}; "
+          f"ms@64 {original['latency_ms']['64']:.3f} -> {distilled['latency_ms']['64']:.3f}")
     assert details["workers"] == 2 and details["epochs"] == 5
     assert (alone["name"], alone["params"]) == ("student (no teacher)", distilled["params"])
     assert distilled["params"] * 4 <= original["params"]
@@ -55,7 +56,9 @@ def test_prune_fine_tunes_on_two_workers_started_by_np(teacher, tmp_path):
     report = json.loads((out / "report.json").read_text())
     original, pruned = report["models"]
     print(f"\nprune on 2 workers: params {original['params']} -> {pruned['params']}, bytes {original['bytes']} -> "
-          f"{pruned['bytes']}, acc {original['val_acc']:.4f} -> {pruned['val_acc']:.4f}")
+          f"{pruned['bytes']}, acc {original['val_acc']:.4f} -> {pruned['val_acc']:.4f}, ms@1 "
+          f"{original['latency_ms']['1']:.3f} -> {pruned['latency_ms']['1']:.3f}, ms@64 "
+          f"{original['latency_ms']['64']:.3f} -> {pruned['latency_ms']['64']:.3f}")
     assert report["details"]["finetune"]["workers"] == 2
     assert pruned["params"] <= 0.6 * original["params"] and pruned["bytes"] <= 0.6 * original["bytes"]
     assert pruned["val_acc"] >= original["val_acc"] - 0.02

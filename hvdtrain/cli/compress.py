@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from hvdtrain.cli.args import Parser, positive_int
 from hvdtrain.compression.api import METHODS, CompressOptions
@@ -63,7 +64,7 @@ def parser() -> Parser:
     return p
 
 
-def options(parsed: argparse.Namespace) -> dict[str, object]:
+def options(parsed: argparse.Namespace) -> dict[str, Any]:
     return {"out": parsed.out, "int8_mode": parsed.int8_mode, "calibration": parsed.calibration,
             "sparsity": parsed.sparsity, "epochs": parsed.epochs, "lr": parsed.lr, "student": parsed.student,
             "student_hidden": parsed.student_hidden, "temperature": parsed.temperature, "alpha": parsed.alpha,

@@ -7,6 +7,7 @@ and Flatten between them, like the built-in mlp and cnn. Channels with the small
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,7 +46,7 @@ def _keep(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     return weight.detach().abs().flatten(1).sum(1).topk(keep).indices.sort().values
 
 
-def _shrink_out(layer: nn.Module, index: torch.Tensor) -> None:
+def _shrink_out(layer: Any, index: torch.Tensor) -> None:
     layer.weight = nn.Parameter(layer.weight.detach()[index].clone())
     if getattr(layer, "bias", None) is not None:
         layer.bias = nn.Parameter(layer.bias.detach()[index].clone())
@@ -59,7 +60,7 @@ def _shrink_out(layer: nn.Module, index: torch.Tensor) -> None:
         layer.running_var = layer.running_var[index].clone()
 
 
-def _shrink_in(layer: nn.Module, index: torch.Tensor) -> None:
+def _shrink_in(layer: Any, index: torch.Tensor) -> None:
     layer.weight = nn.Parameter(layer.weight.detach()[:, index].clone())
     if isinstance(layer, nn.Conv2d):
         layer.in_channels = len(index)
@@ -80,7 +81,8 @@ def prune_channels(model: nn.Module, sparsity: float) -> tuple[nn.Sequential, li
     """
     check_prunable(model)
     pruned = copy.deepcopy(model)
-    layers = list(pruned)
+    assert isinstance(pruned, nn.Sequential)  # checked above
+    layers: list[Any] = list(pruned)
     weight_at = [i for i, layer in enumerate(layers) if isinstance(layer, (nn.Conv2d, nn.Linear))]
     lines = []
     for producer, consumer in zip(weight_at, weight_at[1:], strict=False):
