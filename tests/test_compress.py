@@ -91,47 +91,55 @@ def test_int8_mlp_is_2x_smaller_as_accurate_and_its_export_matches(runs, tmp_pat
     assert exported_acc.mean().item() == pytest.approx(int8["val_acc"])
 
 
-def test_static_int8_cnn_with_pt2e_and_predict_takes_it(runs, tmp_path):
+def test_cnn_static_int8_and_pruning_side_by_side_and_predict_takes_them(runs, tmp_path):
     source = load_source(runs / "cnn")
-    out = tmp_path / "cnn-int8"
-    report = hvdtrain.compress(runs / "cnn", "int8", out=str(out), calibration=128, **FAST)
-    check_report(report, out, source)
-    original, int8 = report["models"]
+    out = tmp_path / "cnn"
+    report = hvdtrain.compress(runs / "cnn", "int8,prune", out=str(out), calibration=128, sparsity=0.5, **FAST)
+    assert [row["name"] for row in report["models"]] == ["original", "int8 (static)", "pruned 50%"]
+    assert json.loads((out / "report.json").read_text()) == report and report["export_ok"]
+    assert (out / "report.png").read_bytes().startswith(b"\x89PNG")
+    assert "int8 (static)" in (out / "report.txt").read_text()
+    reports = {method: json.loads((out / method / "report.json").read_text()) for method in ("int8", "prune")}
+    for method, single in reports.items():
+        check_report(single, out / method, source)
+        assert single["models"][1] == report["models"][1 if method == "int8" else 2]  # measured once, together
+
+    original, int8 = reports["int8"]["models"]
     print(f"\nstatic int8 cnn: bytes {original['bytes']} -> {int8['bytes']}, acc {original['val_acc']:.4f} -> "
           f"{int8['val_acc']:.4f}, ms@1 {original['latency_ms']['1']:.3f} -> {int8['latency_ms']['1']:.3f}, ms@64 "
           f"{original['latency_ms']['64']:.3f} -> {int8['latency_ms']['64']:.3f}")
-    assert report["details"]["int8_mode"] == "static" and report["details"]["calibration_samples"] == 128
+    assert reports["int8"]["details"]["int8_mode"] == "static"
+    assert reports["int8"]["details"]["calibration_samples"] == 128
     assert original["bytes"] >= 3 * int8["bytes"]  # int8 weights, float32 biases and scales
     assert abs(int8["val_acc"] - original["val_acc"]) <= 0.01
-    # `hvdtrain predict` takes the compressed run directory; its outputs are the exported model's.
-    proc = subprocess.run([sys.executable, "-m", "hvdtrain", "predict", "--checkpoint", str(out),
+
+    pruned = reports["prune"]["models"][1]
+    details = reports["prune"]["details"]
+    print(f"prune cnn 50%: params {original['params']} -> {pruned['params']}, bytes {original['bytes']} -> "
+          f"{pruned['bytes']}, acc {original['val_acc']:.4f} -> {pruned['val_acc']:.4f} (before fine-tune "
+          f"{details['val_acc_before_finetune']:.4f}), ms@1 {original['latency_ms']['1']:.3f} -> "
+          f"{pruned['latency_ms']['1']:.3f}, ms@64 {original['latency_ms']['64']:.3f} -> "
+          f"{pruned['latency_ms']['64']:.3f}")
+    assert details["pruned_layers"] == ["0: Conv2d 32 -> 16 channels", "2: Conv2d 64 -> 32 channels",
+                                        "7: Linear 128 -> 64 neurons"]
+    assert pruned["params"] <= 0.6 * original["params"] and pruned["bytes"] <= 0.6 * original["bytes"]
+    assert pruned["val_acc"] >= original["val_acc"] - 0.02
+    assert details["finetune"]["epochs"] == 3
+
+    # `hvdtrain predict` takes a compressed run directory; its outputs are the exported model's.
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain", "predict", "--checkpoint", str(out / "int8"),
                            "--out", str(tmp_path / "pred.pt")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, show(proc)
     inputs = val_inputs(source)
-    expected = load_exported(out / "model.pt2")(inputs).detach()
+    expected = load_exported(out / "int8" / "model.pt2")(inputs).detach()
     torch.testing.assert_close(torch.load(tmp_path / "pred.pt"), expected, atol=1e-6, rtol=0)
-    # Trainer.predict / evaluate take it too (an nn.Module whose eval() is a no-op).
-    trainer = hvdtrain.Trainer(load_exported(out / "model.pt2"), source.data.train, source.data.val,
+    # Trainer.predict / evaluate take a compressed model too (an nn.Module whose eval() is a no-op).
+    trainer = hvdtrain.Trainer(load_exported(out / "prune" / "model.pt2"), source.data.train, source.data.val,
                                config=hvdtrain.load_config(run_dir="", threads=1))
-    torch.testing.assert_close(trainer.predict(source.data.val), expected, atol=1e-6, rtol=0)
-    assert trainer.evaluate()["val_acc"] == pytest.approx(int8["val_acc"])
-
-
-def test_prune_half_the_cnn_channels_then_fine_tune(runs, tmp_path):
-    source = load_source(runs / "cnn")
-    out = tmp_path / "cnn-prune"
-    report = hvdtrain.compress(runs / "cnn", "prune", out=str(out), sparsity=0.5, **FAST)
-    check_report(report, out, source)
-    original, pruned = report["models"]
-    print(f"\nprune cnn 50%: params {original['params']} -> {pruned['params']}, bytes {original['bytes']} -> "
-          f"{pruned['bytes']}, acc {original['val_acc']:.4f} -> {pruned['val_acc']:.4f} (before fine-tune "
-          f"{report['details']['val_acc_before_finetune']:.4f}), ms@64 {original['latency_ms']['64']:.3f} -> "
-          f"{pruned['latency_ms']['64']:.3f}")
-    assert report["details"]["pruned_layers"] == ["0: Conv2d 32 -> 16 channels", "2: Conv2d 64 -> 32 channels",
-                                                  "7: Linear 128 -> 64 neurons"]
-    assert pruned["params"] <= 0.6 * original["params"] and pruned["bytes"] <= 0.6 * original["bytes"]
-    assert pruned["val_acc"] >= original["val_acc"] - 0.02
-    assert report["details"]["finetune"]["epochs"] == 3
+    with torch.no_grad():
+        torch.testing.assert_close(trainer.predict(source.data.val),
+                                   load_exported(out / "prune" / "model.pt2")(inputs), atol=1e-6, rtol=0)
+    assert trainer.evaluate()["val_acc"] == pytest.approx(pruned["val_acc"])
 
 
 def test_pruning_removes_exactly_the_dead_channels():
@@ -199,7 +207,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(runs, tmp_path, case):
         "no model": ([str(empty), "--method", "int8", "--out", str(tmp_path / "new")],
                      f"{empty} has no model.pt"),
         "unknown method": ([str(runs / "mlp"), "--method", "int4", "--out", str(tmp_path / "new")],
-                           "argument --method: invalid choice: 'int4'"),
+                           "unknown method 'int4'; choose one of int8, prune, distill"),
         "student does not fit": ([str(runs / "mlp"), "--method", "distill", "--student", "students:five_classes",
                                   "--out", str(tmp_path / "new")],
                                  "student students:five_classes does not fit the data: it returns (1, 5) for one "

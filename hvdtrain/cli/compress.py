@@ -36,7 +36,8 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
 def parser() -> Parser:
     p = Parser("hvdtrain compress", __doc__)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a finished training run (config.yaml, model.pt)")
-    p.add_argument("--method", required=True, choices=METHODS)
+    p.add_argument("--method", required=True,
+                   help=f"{', '.join(METHODS)}, or several comma-separated (e.g. int8,prune) to compare them")
     p.add_argument("--out", default="", help="new run directory (default RUN_DIR-METHOD)")
     p.add_argument("--np", type=positive_int, default=0,
                    help="prune/distill: start N local workers with horovodrun (default: this process, or the "
@@ -105,4 +106,4 @@ def main(args: list[str]) -> int:
         prepare(parsed.run_dir, parsed.method, **options(parsed))  # bad input: one line, before any worker starts
         return launch(parsed.np, args, parsed.mpi)
     result = compress(parsed.run_dir, parsed.method, **options(parsed))
-    return 0 if result["export"]["ok"] else 1
+    return 0 if result["export_ok"] else 1

@@ -37,8 +37,8 @@ EXPORT_TOLERANCE = 1e-5                # max |exported - in-process| output diff
 @dataclass(frozen=True)
 class CompressOptions:
     """How to compress; every field has a `--dashed-name` flag in `hvdtrain compress`."""
-    method: str = "int8"              # int8, prune or distill
-    out: str = ""                     # new run directory; '' = RUN_DIR-METHOD beside the source run
+    method: str = "int8"              # int8, prune or distill; several, comma-separated, compare side by side
+    out: str = ""                     # new run directory; '' = RUN_DIR-METHOD (RUN_DIR-compressed for several)
     int8_mode: str = "auto"           # auto (static PT2E for conv models, else dynamic), dynamic, weight-only, static
     calibration: int = 256            # training samples that calibrate static int8
     sparsity: float = 0.5             # prune: share of each hidden layer's channels/neurons removed
@@ -55,8 +55,12 @@ class CompressOptions:
     verbose: bool = True              # rank 0 prints progress and the table
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        for method in self.methods:
+            if method not in METHODS:
+                raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)} (or several, "
+                                "comma-separated)")
+        if not self.methods or len(set(self.methods)) != len(self.methods):
+            raise UserError(f"method must name each of int8, prune, distill at most once, got {self.method!r}")
         if self.int8_mode not in MODES:
             raise UserError(f"int8 mode must be one of {', '.join(MODES)}; got {self.int8_mode!r}")
         if not 0.0 < self.sparsity < 1.0:
@@ -70,6 +74,10 @@ class CompressOptions:
             raise UserError("epochs and lr must be >= 0 (0 = the default)")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise UserError(f"batch sizes must be positive integers, got {self.batch_sizes}")
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self.method.split(",") if m.strip())
 
 
 @dataclass
@@ -124,9 +132,11 @@ def load_source(run_dir: str | Path) -> Source:
     return Source(path, config, model.eval(), data, input_shape, weights.stat().st_size)
 
 
-def plan_out(source: Path, method: str, out: str) -> Path:
-    """The new run directory: `out`, or RUN_DIR-METHOD beside the source; it must be new or empty."""
-    path = Path(out) if out else source.with_name(f"{source.name}-{method}")
+def plan_out(source: Path, methods: tuple[str, ...], out: str) -> Path:
+    """The new run directory: `out`, or RUN_DIR-METHOD beside the source (RUN_DIR-compressed, with one
+    subdirectory per method, for several methods); it must be new or empty."""
+    suffix = methods[0] if len(methods) == 1 else "compressed"
+    path = Path(out) if out else source.with_name(f"{source.name}-{suffix}")
     if path.resolve() == source.resolve():
         raise UserError(f"--out {path} is the source run itself; pick a new directory")
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -156,9 +166,9 @@ def prepare(run_dir: str | Path, method: str = "int8", *, out: str = "", **optio
     except TypeError as err:
         raise UserError(f"compress: {err}") from None
     source = load_source(run_dir)
-    out_path = plan_out(source.path, opts.method, opts.out)
-    student = _student(source, opts) if opts.method == "distill" else None
-    if opts.method == "prune":
+    out_path = plan_out(source.path, opts.methods, opts.out)
+    student = _student(source, opts) if "distill" in opts.methods else None
+    if "prune" in opts.methods:
         check_prunable(source.model)
     return opts, source, out_path, student
 
@@ -168,7 +178,8 @@ def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **opti
 
     Args:
         run_dir: a training run directory (config.yaml, model.pt).
-        method: int8, prune or distill.
+        method: int8, prune or distill; several comma-separated ("int8,prune") write one run directory
+            each under `out` (default RUN_DIR-compressed) and a report comparing all of them.
         out: the new run directory; default RUN_DIR-METHOD.
         **options: any CompressOptions field, e.g. sparsity=0.5, student="mlp", student_hidden=16.
     Returns:
@@ -183,21 +194,23 @@ def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **opti
     from hvdtrain.distributed import dist
 
     # Horovod: only training needs the workers; int8 alone runs without Horovod unless launched under it.
-    world = dist.init() if opts.method in TRAINED or "HOROVOD_RANK" in os.environ else None
+    trains = any(m in TRAINED for m in opts.methods)
+    world = dist.init() if trains or "HOROVOD_RANK" in os.environ else None
     is_root = world is None or world.is_root
-    outcome = None
-    if opts.method == "int8":
-        outcome = _int8(source, opts) if is_root else None
-    elif opts.method == "prune":
-        outcome = _prune(source, opts)
-    else:
-        assert student is not None
-        outcome = _distill(source, opts, *student)
+    outcomes: list[tuple[str, Outcome]] = []
+    for name in opts.methods:
+        if name == "int8":
+            if is_root:  # no training: the other ranks wait for the report
+                outcomes.append((name, _int8(source, opts)))
+        elif name == "prune":
+            outcomes.append((name, _prune(source, opts)))
+        else:
+            assert student is not None
+            outcomes.append((name, _distill(source, opts, *student)))
     result, error = None, None
     if is_root:
-        assert outcome is not None
         try:
-            result = _measure_and_write(source, opts, out_path, outcome)
+            result = _measure_and_write(source, opts, out_path, outcomes)
         except UserError as err:
             error = str(err)
     if world is not None:
@@ -298,9 +311,8 @@ def _row(name: str, model: Any, source: Source, opts: CompressOptions, file_byte
             "val_acc": measure.accuracy(model, source.data.val)}
 
 
-def _measure_and_write(source: Source, opts: CompressOptions, out: Path, outcome: Outcome) -> dict[str, Any]:
-    """Rank 0: export and check the compressed model, measure every model, write the run directory."""
-    val_inputs = torch.stack([source.data.val[i][0] for i in range(len(source.data.val))])
+def _export(outcome: Outcome, out: Path, val_inputs: torch.Tensor) -> dict[str, Any]:
+    """Export the compressed model to out/model.pt2, load it back, compare outputs; write its weights, config."""
     example = val_inputs[:8].clone()  # a view would store all of val_inputs in the .pt2 as its sample input
     try:
         program = export_program(outcome.model, example)
@@ -309,28 +321,23 @@ def _measure_and_write(source: Source, opts: CompressOptions, out: Path, outcome
                         f"{str(err).strip().splitlines()[0][:200]}") from None
     out.mkdir(parents=True, exist_ok=True)
     save_program(program, out / "model.pt2")
-    exported = load_exported(out / "model.pt2")
-    difference = max_difference(exported, outcome.model, val_inputs)
+    difference = max_difference(load_exported(out / "model.pt2"), outcome.model, val_inputs)
     atomic_write(out / "compressed.pt", lambda handle: torch.save(outcome.model.state_dict(), handle))
     write_text(out / "config.yaml", to_yaml(outcome.config))
-    _say(opts, f"measuring {2 + len(outcome.extra)} models ({opts.repeats} runs per batch size, "
-               f"{opts.threads} thread(s))")
-    rows = [_row("original", source.model, source, opts, source.model_bytes, example),
-            _row(outcome.name, outcome.model, source, opts, (out / "compressed.pt").stat().st_size, example)]
-    for name, model in outcome.extra:
-        rows.append(_row(name, model, source, opts, measure.saved_bytes(model.state_dict()), example))
+    return {"file": "model.pt2", "format": "torch.export ExportedProgram (dynamic batch)",
+            "load": "torch.export.load('model.pt2').module()", "max_abs_diff": difference,
+            "tolerance": EXPORT_TOLERANCE, "ok": difference <= EXPORT_TOLERANCE,
+            "compared_on": f"{len(val_inputs)} held-out samples"}
+
+
+def _report(opts: CompressOptions, source: Source, method: str, out: Path, rows: list[dict[str, Any]],
+            details: dict[str, Any], notes: list[str], export: dict[str, Any]) -> dict[str, Any]:
     original, compressed = rows[0], rows[1]
-    slower = [str(b) for b in opts.batch_sizes if compressed["latency_ms"][str(b)] > original["latency_ms"][str(b)]]
-    if slower and opts.method == "int8":
-        outcome.notes.append(f"int8 is slower than float32 here at batch {', '.join(slower)}: for layers this small "
-                             "the per-call cost of quantizing activations and dispatching int8 tensors outweighs "
-                             "the cheaper matmuls; the gain is size (bytes), and speed needs larger layers or "
-                             "torch.compile")
-    result = {
-        "format": report.FORMAT, "method": opts.method, "source": str(source.path), "out": str(out),
+    return {
+        "format": report.FORMAT, "method": method, "source": str(source.path), "out": str(out),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(opts).items()},
-        "details": outcome.details, "notes": outcome.notes,
+        "details": details, "notes": notes,
         "latency": {"threads": opts.threads, "repeats": opts.repeats, "batch_sizes": list(opts.batch_sizes),
                     "statistic": "median", "mode": "eager PyTorch, in-process models, random inputs"},
         "models": rows,
@@ -339,16 +346,52 @@ def _measure_and_write(source: Source, opts: CompressOptions, out: Path, outcome
                    **{f"latency_batch{b}": original["latency_ms"][str(b)] / compressed["latency_ms"][str(b)]
                       for b in opts.batch_sizes},
                    "val_acc_change": compressed["val_acc"] - original["val_acc"]},
-        "export": {"file": "model.pt2", "format": "torch.export ExportedProgram (dynamic batch)",
-                   "load": "torch.export.load('model.pt2').module()", "max_abs_diff": difference,
-                   "tolerance": EXPORT_TOLERANCE, "ok": difference <= EXPORT_TOLERANCE,
-                   "compared_on": f"{len(val_inputs)} held-out samples"},
+        "export": export, "export_ok": export["ok"],
         "files": {"model.pt2": "the compressed model (torch.export)", "compressed.pt": "its state_dict",
                   "config.yaml": "data and (for distill) the student's config"},
     }
-    report.write(out, result)
+
+
+def _measure_and_write(source: Source, opts: CompressOptions, out: Path,
+                       outcomes: list[tuple[str, Outcome]]) -> dict[str, Any]:
+    """Rank 0: export and check each compressed model, measure all models together, write the run directories."""
+    val_inputs = torch.stack([source.data.val[i][0] for i in range(len(source.data.val))])
+    example = val_inputs[:8].clone()
+    several = len(outcomes) > 1
+    dirs = {method: out / method if several else out for method, _ in outcomes}
+    exports = {method: _export(outcome, dirs[method], val_inputs) for method, outcome in outcomes}
+    count = 1 + sum(1 + len(outcome.extra) for _, outcome in outcomes)
+    _say(opts, f"measuring {count} models ({opts.repeats} runs per batch size, {opts.threads} thread(s))")
+    original = _row("original", source.model, source, opts, source.model_bytes, example)
+    reports = []
+    for method, outcome in outcomes:
+        rows = [original, _row(outcome.name, outcome.model, source, opts,
+                               (dirs[method] / "compressed.pt").stat().st_size, example)]
+        for name, model in outcome.extra:
+            rows.append(_row(name, model, source, opts, measure.saved_bytes(model.state_dict()), example))
+        slower = [str(b) for b in opts.batch_sizes if rows[1]["latency_ms"][str(b)] > original["latency_ms"][str(b)]]
+        if slower and method == "int8":
+            outcome.notes.append(f"int8 is slower than float32 here at batch {', '.join(slower)}: for layers this "
+                                 "small the per-call cost of quantizing activations and dispatching int8 tensors "
+                                 "outweighs the cheaper matmuls; the gain is size (bytes), and speed needs larger "
+                                 "layers or torch.compile")
+        reports.append(_report(opts, source, method, dirs[method], rows, outcome.details, outcome.notes,
+                               exports[method]))
+        report.write(dirs[method], reports[-1])
+    result = reports[0]
+    if several:
+        result = {**reports[0], "method": opts.method, "out": str(out),
+                  "runs": {method: str(dirs[method]) for method, _ in outcomes},
+                  "details": {r["method"]: r["details"] for r in reports},
+                  "notes": [f"{r['method']}: {note}" for r in reports for note in r["notes"]],
+                  "models": [original, *(row for r in reports for row in r["models"][1:])],
+                  "ratios": {r["method"]: r["ratios"] for r in reports},
+                  "export": {r["method"]: r["export"] for r in reports},
+                  "export_ok": all(r["export"]["ok"] for r in reports),
+                  "files": {f"{method}/": "a compressed run directory" for method, _ in outcomes}}
+        report.write(out, result)
     if opts.verbose:
         print(report.table(result), flush=True)
-        print(f"hvdtrain compress: wrote {out} (model.pt2, compressed.pt, report.json, report.txt, report.png)",
-              flush=True)
+        print(f"hvdtrain compress: wrote {out} ({', '.join(f'{m}/' for m, _ in outcomes) if several else 'model.pt2'}"
+              ", report.json, report.txt, report.png)", flush=True)
     return result

@@ -54,9 +54,10 @@ def chart_png(report: dict[str, Any]) -> bytes:
                 [m["latency_ms"][str(b)] for m in models]) for b in sizes]
     panels.append(("held-out accuracy", [m["val_acc"] for m in models]))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.6))
-    colors = ["#777777", "#2b7bba", "#e08a2b", "#3a9b5c"]
+    palette = ["#2b7bba", "#e08a2b", "#3a9b5c", "#b5477b", "#8c6bb1", "#b8a31f"]
+    colors = ["#777777", *(palette[i % len(palette)] for i in range(len(models) - 1))]  # the original in grey
     for ax, (title, values) in zip(axes, panels, strict=True):
-        bars = ax.bar(range(len(values)), values, color=colors[:len(values)])
+        bars = ax.bar(range(len(values)), values, color=colors)
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(len(values)), names, rotation=20, ha="right", fontsize=8)
         ax.bar_label(bars, fmt="%.3g", fontsize=7)
