@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import io
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,27 @@ from hvdtrain.output.files import atomic_write
 
 # Any batch size from 1 up: the exported graph keeps the batch dimension symbolic.
 MAX_BATCH = 1 << 16
+
+
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """A model torch.export cannot trace makes it log a warning and print its whole graph to stderr; the
+    error raised says enough, so both are held back (stderr is kept and shown only if export succeeds)."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    held = io.StringIO()
+    failed = False
+    try:
+        with redirect_stderr(held):
+            yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        log.setLevel(level)
+        if not failed and held.getvalue():
+            sys.stderr.write(held.getvalue())
 
 
 def export_program(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
@@ -29,7 +54,7 @@ def export_program(model: nn.Module, example: torch.Tensor) -> torch.export.Expo
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     if not isinstance(model, torch.fx.GraphModule):  # an exported graph (PT2E) has no train/eval switch
         model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), _quiet("torch.fx.experimental.symbolic_shapes"):
         return torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
 
 

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-# Quantization scales and zero points are not weights: bytes on disk counts them, parameters do not.
-_QPARAM_MARKERS = ("_scale_", "_zero_point_", "scale", "zero_point")
+# PT2E keeps quantization scales and zero points as _scale_N / _zero_point_N buffers. They are not weights:
+# bytes on disk counts them, parameters do not. (torchao's int8 weights carry theirs inside the tensor.)
+_QPARAM_PREFIXES = ("_scale_", "_zero_point_")
 
 
 def count_params(model: nn.Module) -> int:
@@ -30,7 +31,7 @@ def count_params(model: nn.Module) -> int:
     total = 0
     for name, tensor in model.state_dict().items():
         leaf = name.rsplit(".", 1)[-1]
-        if any(leaf.startswith(m) for m in _QPARAM_MARKERS[:2]) or leaf in _QPARAM_MARKERS[2:]:
+        if leaf.startswith(_QPARAM_PREFIXES):
             continue
         if "running_" in leaf or leaf == "num_batches_tracked":
             continue  # BatchNorm statistics are buffers, not learned weights
