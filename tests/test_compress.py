@@ -22,6 +22,7 @@ from hvdtrain.compression.export import load_exported
 from hvdtrain.compression.measure import count_params
 from hvdtrain.compression.prune import prune_channels
 from hvdtrain.compression.quantize import quantize_int8
+from hvdtrain.compression.report import table as report_table
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
 
@@ -140,6 +141,20 @@ def test_cnn_static_int8_and_pruning_side_by_side_and_predict_takes_them(runs, t
         torch.testing.assert_close(trainer.predict(source.data.val),
                                    load_exported(out / "prune" / "model.pt2")(inputs), atol=1e-6, rtol=0)
     assert trainer.evaluate()["val_acc"] == pytest.approx(pruned["val_acc"])
+
+
+def test_the_table_shows_compiled_latency_when_measured():
+    row = {"name": "original", "params": 10, "bytes": 100, "export_bytes": 200, "latency_ms": {"1": 0.5},
+           "compiled_latency_ms": {"1": 0.25}, "compile_s": 3.0, "val_acc": 0.9}
+    text = report_table({"models": [row, {**row, "name": "int8", "compiled_latency_ms": None}],
+                         "latency": {"batch_sizes": [1], "repeats": 5, "threads": 1, "mode": "eager",
+                                     "compiled": "torch.compile"}, "notes": ["a note"]})
+    lines = text.splitlines()
+    assert lines[0].split() == ["model", "params", "bytes", "pt2_bytes", "ms@batch1", "compiled_ms@batch1", "val_acc"]
+    assert lines[1].split() == ["original", "10", "100", "200", "0.500", "0.250", "0.9000"]
+    assert lines[2].split()[-2] == "-"
+    assert "5 forward passes, 1 torch thread(s), batch sizes 1, eager; compiled: torch.compile" in lines[3]
+    assert lines[4] == "note: a note"
 
 
 def test_pruning_removes_exactly_the_dead_channels():

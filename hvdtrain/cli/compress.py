@@ -62,6 +62,8 @@ def parser() -> Parser:
     p.add_argument("--threads", type=positive_int, default=DEFAULTS.threads, help="torch threads while timing")
     p.add_argument("--repeats", type=positive_int, default=DEFAULTS.repeats, help="timed passes (median reported)")
     p.add_argument("--batch-sizes", type=_batch_sizes, default=DEFAULTS.batch_sizes, help="latency batch sizes")
+    p.add_argument("--compile", action="store_true",
+                   help="also time every model after torch.compile (inductor): int8's fused kernels; slow to compile")
     return p
 
 
@@ -70,7 +72,7 @@ def options(parsed: argparse.Namespace) -> dict[str, Any]:
             "sparsity": parsed.sparsity, "epochs": parsed.epochs, "lr": parsed.lr, "student": parsed.student,
             "student_hidden": parsed.student_hidden, "temperature": parsed.temperature, "alpha": parsed.alpha,
             "baseline": not parsed.no_baseline, "threads": parsed.threads, "repeats": parsed.repeats,
-            "batch_sizes": parsed.batch_sizes}
+            "batch_sizes": parsed.batch_sizes, "compiled": parsed.compile}
 
 
 def _without_np(args: list[str]) -> list[str]:

@@ -52,6 +52,7 @@ class CompressOptions:
     threads: int = 1                  # torch threads while timing latency
     repeats: int = 30                 # timed forward passes per model and batch size (the median is reported)
     batch_sizes: tuple[int, ...] = (1, 64)  # latency batch sizes
+    compiled: bool = False            # also time each model after torch.compile (inductor; slow to compile)
     verbose: bool = True              # rank 0 prints progress and the table
 
     def __post_init__(self) -> None:
@@ -304,11 +305,20 @@ def _row(name: str, model: Any, source: Source, opts: CompressOptions, file_byte
         export_bytes: int | None = program_bytes(export_program(model, example))
     except Exception:
         export_bytes = None
-    return {"name": name, "params": measure.count_params(model), "bytes": file_bytes,
-            "export_bytes": export_bytes if export_bytes is not None else -1,
-            "latency_ms": {str(b): measure.latency_ms(model, source.input_shape, b, threads=opts.threads,
-                                                      repeats=opts.repeats) for b in opts.batch_sizes},
-            "val_acc": measure.accuracy(model, source.data.val)}
+    row: dict[str, Any] = {
+        "name": name, "params": measure.count_params(model), "bytes": file_bytes,
+        "export_bytes": export_bytes if export_bytes is not None else -1,
+        "latency_ms": {str(b): measure.latency_ms(model, source.input_shape, b, threads=opts.threads,
+                                                  repeats=opts.repeats) for b in opts.batch_sizes},
+        "val_acc": measure.accuracy(model, source.data.val)}
+    if opts.compiled:
+        try:
+            row["compiled_latency_ms"], row["compile_s"] = measure.compiled_latency_ms(
+                model, source.input_shape, opts.batch_sizes, threads=opts.threads, repeats=opts.repeats)
+        except Exception as err:  # no C++ compiler, an op inductor cannot lower, ...
+            row["compiled_latency_ms"], row["compile_s"] = None, None
+            row["compile_error"] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}"
+    return row
 
 
 def _export(outcome: Outcome, out: Path, val_inputs: torch.Tensor) -> dict[str, Any]:
@@ -339,7 +349,9 @@ def _report(opts: CompressOptions, source: Source, method: str, out: Path, rows:
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(opts).items()},
         "details": details, "notes": notes,
         "latency": {"threads": opts.threads, "repeats": opts.repeats, "batch_sizes": list(opts.batch_sizes),
-                    "statistic": "median", "mode": "eager PyTorch, in-process models, random inputs"},
+                    "statistic": "median", "mode": "eager PyTorch, in-process models, random inputs",
+                    "compiled": "torch.compile, inductor with freezing, one graph per batch size" if opts.compiled
+                    else "not measured (--compile)"},
         "models": rows,
         "ratios": {"params": original["params"] / compressed["params"],
                    "bytes": original["bytes"] / compressed["bytes"],
@@ -369,6 +381,8 @@ def _measure_and_write(source: Source, opts: CompressOptions, out: Path,
                                (dirs[method] / "compressed.pt").stat().st_size, example)]
         for name, model in outcome.extra:
             rows.append(_row(name, model, source, opts, measure.saved_bytes(model.state_dict()), example))
+        outcome.notes.extend(f"torch.compile failed for {row['name']}: {row['compile_error']}"
+                             for row in rows if row.get("compile_error"))
         slower = [str(b) for b in opts.batch_sizes if rows[1]["latency_ms"][str(b)] > original["latency_ms"][str(b)]]
         if slower and method == "int8":
             outcome.notes.append(f"int8 is slower than float32 here at batch {', '.join(slower)}: for layers this "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import statistics
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -82,6 +83,35 @@ def latency_ms(model: Any, sample_shape: tuple[int, ...], batch: int, *, threads
             model(inputs)
             times.append(time.perf_counter() - start)
     return statistics.median(times) * 1000.0
+
+
+def compiled_latency_ms(model: Any, sample_shape: tuple[int, ...], batch_sizes: tuple[int, ...], *, threads: int,
+                        repeats: int) -> tuple[dict[str, float], float]:
+    """Latency after `torch.compile` (inductor with freezing: weights become constants, which lets it fuse int8
+    quantize/dequantize into int8 kernels), one compiled graph per batch size.
+
+    Args:
+        model: a callable module in eval mode.
+        batch_sizes: one compile (a few seconds to a minute on a small CPU) and one timing per size.
+    Returns:
+        ({batch size: median ms}, seconds spent compiling and warming up).
+    Example:
+        >>> compiled_latency_ms(model, (1, 8, 8), (1, 64), threads=1, repeats=30)
+    """
+    import torch._inductor.config as inductor
+
+    result = {}
+    spent = 0.0
+    # Inductor's int8 lowering warns about its own tensor copies; nothing the user can act on.
+    with inductor.patch(freezing=True), torch.no_grad(), torch_threads(threads), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        fast = torch.compile(model, dynamic=False)
+        for batch in batch_sizes:
+            begin = time.perf_counter()
+            fast(torch.rand(batch, *sample_shape))  # compiles for this shape
+            spent += time.perf_counter() - begin
+            result[str(batch)] = latency_ms(fast, sample_shape, batch, threads=threads, repeats=repeats)
+    return result, spent
 
 
 @torch.no_grad()

@@ -23,18 +23,24 @@ def table(report: dict[str, Any]) -> str:
         Aligned text; every number in it was measured in this run.
     """
     sizes = report["latency"]["batch_sizes"]
-    head = ["model", *(title for _, title, _ in _COLUMNS), *(f"ms@batch{b}" for b in sizes), "val_acc"]
+    compiled = any("compiled_latency_ms" in model for model in report["models"])
+    head = ["model", *(title for _, title, _ in _COLUMNS), *(f"ms@batch{b}" for b in sizes),
+            *(f"compiled_ms@batch{b}" for b in sizes if compiled), "val_acc"]
     rows = [head]
     for model in report["models"]:
+        fast = model.get("compiled_latency_ms") or {}
         rows.append([model["name"], *(f"{model[key]:,}" for key, _, _ in _COLUMNS),
-                     *(f"{model['latency_ms'][str(b)]:.3f}" for b in sizes), f"{model['val_acc']:.4f}"])
+                     *(f"{model['latency_ms'][str(b)]:.3f}" for b in sizes),
+                     *((f"{fast[str(b)]:.3f}" if str(b) in fast else "-") for b in sizes if compiled),
+                     f"{model['val_acc']:.4f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths,
                                                                                                     strict=True)))
              for row in rows]
     lat = report["latency"]
     lines.append(f"latency: median of {lat['repeats']} forward passes, {lat['threads']} torch thread(s), "
-                 f"batch sizes {', '.join(map(str, sizes))}, {lat['mode']}")
+                 f"batch sizes {', '.join(map(str, sizes))}, {lat['mode']}"
+                 + (f"; compiled: {lat['compiled']}" if compiled else ""))
     lines.extend(f"note: {note}" for note in report["notes"])
     return "\n".join(lines)
 
@@ -52,6 +58,9 @@ def chart_png(report: dict[str, Any]) -> bytes:
     panels: list[tuple[str, list[float]]] = [(title, [float(m[key]) for m in models]) for key, _, title in _COLUMNS]
     panels += [(f"latency ms, batch {b} ({report['latency']['threads']} thread(s))",
                 [m["latency_ms"][str(b)] for m in models]) for b in sizes]
+    if any(m.get("compiled_latency_ms") for m in models):
+        panels += [(f"compiled latency ms, batch {b}",
+                    [(m.get("compiled_latency_ms") or {}).get(str(b), 0.0) for m in models]) for b in sizes]
     panels.append(("held-out accuracy", [m["val_acc"] for m in models]))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.6))
     palette = ["#2b7bba", "#e08a2b", "#3a9b5c", "#b5477b", "#8c6bb1", "#b8a31f"]
