@@ -364,6 +364,17 @@ def _report(opts: CompressOptions, source: Source, method: str, out: Path, rows:
     }
 
 
+def _compiled_note(original: dict[str, Any], compressed: dict[str, Any], sizes: tuple[int, ...]) -> list[str]:
+    """Where torch.compile turns the comparison around, say so, with the eager original beside it."""
+    before, after = original.get("compiled_latency_ms"), compressed.get("compiled_latency_ms")
+    if not before or not after:
+        return []
+    faster = [f"batch {b}: {after[str(b)]:.3f} ms compiled vs the original's {before[str(b)]:.3f} compiled, "
+              f"{original['latency_ms'][str(b)]:.3f} eager" for b in sizes if after[str(b)] < before[str(b)]]
+    return [f"after torch.compile the compressed model is faster than the compiled original at {'; '.join(faster)}"
+            ] if faster else []
+
+
 def _measure_and_write(source: Source, opts: CompressOptions, out: Path,
                        outcomes: list[tuple[str, Outcome]]) -> dict[str, Any]:
     """Rank 0: export and check each compressed model, measure all models together, write the run directories."""
@@ -389,6 +400,7 @@ def _measure_and_write(source: Source, opts: CompressOptions, out: Path,
                                  "small the per-call cost of quantizing activations and dispatching int8 tensors "
                                  "outweighs the cheaper matmuls; the gain is size (bytes), and speed needs larger "
                                  "layers or torch.compile")
+        outcome.notes.extend(_compiled_note(original, rows[1], opts.batch_sizes))
         reports.append(_report(opts, source, method, dirs[method], rows, outcome.details, outcome.notes,
                                exports[method]))
         report.write(dirs[method], reports[-1])
