@@ -9,19 +9,23 @@ ARGS ?=
 STAMP := $(VENV)/.hvdtrain-setup-ok
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint doctor bench clean docker-cpu docker-gpu
+.PHONY: setup run test test-fast lint doctor bench clean docker-cpu docker-gpu
 
 setup: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/setup-env scripts/install-horovod
 	PYTHON='$(PYTHON)' VENV='$(VENV)' TORCH_SPEC='$(TORCH_SPEC)' EXTRAS='$(EXTRAS)' bash scripts/setup-env
 
-# The main job: the default config (MLP on scikit-learn's bundled digits) on NP local workers.
+# The main job: the default config (the CNN on scikit-learn's bundled digits) on NP local workers.
 run: setup
 	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) $(BIN)/python -m hvdtrain $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest $(ARGS)
+
+# Unit tests and one-worker tests only (a few minutes): the tiers in tests/unit and tests/one_rank.
+test-fast: setup
+	$(BIN)/python -m pytest tests/unit tests/one_rank $(ARGS)
 
 # Benchmarks (benchmarks/README.md): hvdtrain vs hand-written Horovod vs DDP vs one process, A B A B.
 # make bench ARGS=--smoke for the CI size; results in bench-results/.

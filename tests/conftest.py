@@ -12,6 +12,23 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # The Horovod build script lives outside the package (it runs before hvdtrain is installed).
 sys.path.insert(0, str(ROOT / "scripts"))
+# Plug-ins that tests name as 'module:function' (and import directly); rank-side scripts live in ranks/.
+PLUGINS_DIR = ROOT / "tests" / "plugins"
+sys.path.insert(0, str(PLUGINS_DIR))
+TIERS = ("unit", "one_rank", "multirank", "cluster")
+# A job small enough to compare weights across launches: 2 workers x batch b must equal 1 worker x 2b.
+EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction", "0.2",
+         "--synthetic-shape", "1,8,8", "--model", "mlp", "--hidden", "32", "--lr", "0.05",
+         "--lr-scaling", "none", "--warmup-epochs", "0", "--max-steps", "12", "--log-interval", "4",
+         "--threads", "1"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers by folder: tests/unit -> unit, tests/one_rank -> one_rank, and so on."""
+    for item in items:
+        tier = next((part for part in Path(str(item.fspath)).parts if part in TIERS), None)
+        if tier:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(autouse=True)
@@ -21,6 +38,21 @@ def restore_environ():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+def equiv_one_process(run_dir: Path, name: str) -> None:
+    """The reference of the equivalence tests: EQUIV on one process with the global batch (32)."""
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain", *EQUIV, "--batch-size", "32", "--run-dir", str(run_dir),
+                           "--name", name], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, show(proc)
+
+
+@pytest.fixture
+def one_worker():
+    """Horovod stays initialised across tests: after MPI_Finalize, MPI cannot start again in a process."""
+    from hvdtrain.distributed import dist
+
+    yield dist.init()
 
 
 def horovodrun_cmd(np: int, args: list[str], backend: str) -> list[str]:

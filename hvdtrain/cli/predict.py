@@ -7,28 +7,27 @@ torch.multiprocessing pool on this machine.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Subset
 
+from hvdtrain.cli.args import Parser
 from hvdtrain.config.train_config import TrainConfig, load_config
-from hvdtrain.data.datasets import build_data, eval_shard
+from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
+from hvdtrain.output.console import console
+from hvdtrain.output.files import atomic_write
+from hvdtrain.train import checkpoint
+from hvdtrain.train.device import threads_per_worker
+from hvdtrain.train.evaluation import interleave, predict_shard
 
 SPLITS = ("val", "train")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line and exit 2, like every hvdtrain error
-        raise UserError(f"predict: {message}")
-
-
 def parse_args(args: list[str]) -> argparse.Namespace:
-    parser = _Parser(prog="hvdtrain predict", description=__doc__)
+    parser = Parser("hvdtrain predict", __doc__)
     parser.add_argument("--checkpoint", required=True,
                         help="runs/NAME/checkpoints/ckpt-STEP.pt, runs/NAME/model.pt (config.yaml beside it), or a "
                              "compressed model: runs/NAME-int8/model.pt2 or that run directory")
@@ -55,66 +54,48 @@ def load_trained(path: str) -> tuple[dict[str, torch.Tensor] | Path, TrainConfig
     file = Path(path)
     if file.is_dir():
         file = file / "model.pt2" if (file / "model.pt2").is_file() else file / "model.pt"
+        path = str(file)
     if file.suffix == ".pt2" and file.is_file():
         if not (file.parent / "config.yaml").is_file():
             raise UserError(f"{file} has no config.yaml beside it to name the dataset")
         return file, load_config(str(file.parent / "config.yaml"))
-    if not file.is_file():
-        raise UserError(f"checkpoint {path} does not exist")
-    try:
-        saved = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated, or not a torch file
-        raise UserError(f"cannot read checkpoint {path}: {err}") from None
-    if isinstance(saved, dict) and "model" in saved and "config" in saved:
-        return saved["model"], load_config(**saved["config"])
-    config_file = file.parent / "config.yaml"
+    weights, saved_config = checkpoint.read_weights(Path(path))
+    if saved_config is not None:
+        return weights, load_config(**saved_config)
+    config_file = Path(path).parent / "config.yaml"
     if not config_file.is_file():
         raise UserError(f"{path} holds weights only and there is no {config_file} to rebuild the model from")
-    return saved, load_config(str(config_file))
+    return weights, load_config(str(config_file))
 
 
-def predict_shard(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, rank: int, size: int,
+def predict_split(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, rank: int, size: int,
                   batch_size: int) -> torch.Tensor:
     """Outputs for samples rank, rank+size, ... of the split (a pure function of its arguments)."""
     data = build_data(config)
     dataset = data.train if split == "train" else data.val
-    model: Any
+    model: torch.nn.Module
     if isinstance(state, Path):  # a compressed model, exported whole: no architecture to rebuild
         from hvdtrain.compression.export import load_exported
 
         model = load_exported(state)
     else:
         torch.manual_seed(config.seed)
-        model = build_model(config, tuple(dataset[0][0].shape), data.num_classes)
+        model = build_model(config, input_shape(dataset), data.num_classes)
         model.load_state_dict(state)
-        model.eval()
-    with torch.no_grad():
-        chunks = [model(inputs) for inputs, _ in
-                  DataLoader(Subset(dataset, eval_shard(len(dataset), rank, size)), batch_size=batch_size)]
-    return torch.cat(chunks) if chunks else torch.empty(0)
-
-
-def interleave(shards: list[torch.Tensor]) -> torch.Tensor:
-    """Shard r holds samples r, r+size, ...: put every sample back at its index."""
-    total = sum(len(s) for s in shards)
-    out = torch.empty(total, *shards[0].shape[1:], dtype=shards[0].dtype)
-    for rank, shard in enumerate(shards):
-        out[rank::len(shards)] = shard
-    return out
+    return predict_shard(model, dataset, rank, size, batch_size, torch.device("cpu"))
 
 
 def _pool_worker(job: tuple[Any, ...]) -> Any:
     state, config, split, rank, size, batch_size, threads = job
     torch.set_num_threads(threads)
-    return predict_shard(state, config, split, rank, size, batch_size).numpy()
+    return predict_split(state, config, split, rank, size, batch_size).numpy()
 
 
 def _pool_predict(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, procs: int,
                   batch_size: int) -> torch.Tensor:
     import torch.multiprocessing as mp
 
-    threads = max(1, (os.cpu_count() or 1) // procs)
-    jobs = [(state, config, split, rank, procs, batch_size, threads) for rank in range(procs)]
+    jobs = [(state, config, split, rank, procs, batch_size, threads_per_worker(procs)) for rank in range(procs)]
     # spawn: a clean interpreter per process, safe whatever this one has initialised.
     with mp.get_context("spawn").Pool(procs) as pool:
         shards = pool.map(_pool_worker, jobs)
@@ -124,15 +105,12 @@ def _pool_predict(state: dict[str, torch.Tensor] | Path, config: TrainConfig, sp
 def _write(outputs: torch.Tensor, out: str) -> None:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     if path.suffix == ".npy":
         import numpy as np
 
-        with tmp.open("wb") as handle:
-            np.save(handle, outputs.numpy())
+        atomic_write(path, lambda handle: np.save(handle, outputs.numpy()))
     else:
-        torch.save(outputs, tmp)
-    tmp.replace(path)
+        atomic_write(path, lambda handle: torch.save(outputs, handle))
 
 
 def main(args: list[str]) -> int:
@@ -143,17 +121,17 @@ def main(args: list[str]) -> int:
     if opts.procs:
         outputs = _pool_predict(state, config, opts.split, opts.procs, opts.batch_size)
         _write(outputs, opts.out)
-        print(f"hvdtrain: wrote {len(outputs)} predictions to {opts.out} ({opts.procs} processes)", flush=True)
+        console.line(f"hvdtrain: wrote {len(outputs)} predictions to {opts.out} ({opts.procs} processes)")
         return 0
     from hvdtrain.distributed import dist
 
     world = dist.init()
-    local = predict_shard(state, config, opts.split, world.rank, world.size, opts.batch_size)
+    console.set_rank(world.rank)
+    local = predict_split(state, config, opts.split, world.rank, world.size, opts.batch_size)
     # Horovod: shards differ in length (1001 over 3 ranks), so gather them as objects.
     shards = dist.allgather_object(local, name="predict_cli")
     if world.is_root:
         outputs = interleave(shards)
         _write(outputs, opts.out)
-        print(f"hvdtrain: wrote {len(outputs)} predictions to {opts.out} ({world.size} rank(s))", flush=True)
+        console.line(f"hvdtrain: wrote {len(outputs)} predictions to {opts.out} ({world.size} rank(s))")
     return 0
-

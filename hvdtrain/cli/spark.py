@@ -1,6 +1,6 @@
 """`hvdtrain spark [--num-proc N] [--start-timeout S] [--config FILE] [--key value ...]`: train on Spark.
 
-spark-submit takes a file, not a module: hvdtrain/spark/entry/spark_submit.py runs this command.
+spark-submit takes a file, not a module: hvdtrain/cli/entry/spark_submit.py runs this command.
 """
 from __future__ import annotations
 

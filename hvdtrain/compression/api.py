@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hvdtrain.compression import measure, report
-from hvdtrain.compression.distill import DistillLoss, check_student, soft_targets
+from hvdtrain.compression.distill import DistillLoss, LabelAccuracy, check_student, soft_targets
 from hvdtrain.compression.export import export_program, load_exported, max_difference, program_bytes, save_program
 from hvdtrain.compression.prune import check_prunable, prune_channels
 from hvdtrain.compression.quantize import MODES, quantize_int8
@@ -283,7 +283,9 @@ def _distill(source: Source, opts: CompressOptions, student: nn.Module, config: 
     loss = DistillLoss(opts.temperature, opts.alpha)
     _say(opts, f"distilling into {opts.student} (hidden {opts.student_hidden}, "
                f"{measure.count_params(student):,} parameters) for {config.epochs} epoch(s)")
-    distilled = Trainer(student, targets, source.data.val, loss_fn=loss, config=config).fit()
+    # The teacher's logits ride in the targets, so the Trainer's own accuracy would not recognise the labels.
+    distilled = Trainer(student, targets, source.data.val, loss_fn=loss, metrics=[LabelAccuracy()],
+                        config=config).fit()
     details: dict[str, Any] = {
         "student": opts.student, "student_hidden": opts.student_hidden, "temperature": opts.temperature,
         "alpha": opts.alpha, "epochs": config.epochs, "lr": config.lr, "workers": distilled.summary.get("workers"),

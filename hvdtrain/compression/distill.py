@@ -7,6 +7,7 @@ evaluation reports accuracy as usual.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +16,26 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from hvdtrain.errors import UserError
+from hvdtrain.train.metrics import TopK
+
+
+def labels_of(targets: torch.Tensor) -> torch.Tensor:
+    """Class labels from plain labels [N] or distillation rows [N, 1 + C] (the label first)."""
+    return targets if targets.dim() == 1 else targets[:, 0].long()
+
+
+@dataclass(frozen=True)
+class LabelAccuracy:
+    """The Trainer's accuracy metric for distillation: the same on soft-target rows and on plain labels."""
+    name: str = "acc"
+    size: int = 2
+    higher_is_better: bool = True
+
+    def sums(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return TopK(1).sums(outputs, labels_of(targets))
+
+    def value(self, sums: torch.Tensor) -> float | None:
+        return TopK(1).value(sums)
 
 
 class DistillLoss:
@@ -37,7 +58,7 @@ class DistillLoss:
     def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if targets.dim() == 1:
             return F.cross_entropy(outputs, targets)
-        labels, teacher = targets[:, 0].long(), targets[:, 1:]
+        labels, teacher = labels_of(targets), targets[:, 1:]
         t = self.temperature
         # T^2 keeps the soft term's gradients on the scale of the hard term's (Hinton et al., 2015).
         soft = F.kl_div(F.log_softmax(outputs / t, dim=1), F.log_softmax(teacher / t, dim=1),

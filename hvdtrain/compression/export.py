@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import logging
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
@@ -17,6 +18,23 @@ from hvdtrain.output.files import atomic_write
 
 # Any batch size from 1 up: the exported graph keeps the batch dimension symbolic.
 MAX_BATCH = 1 << 16
+
+
+def quiet_torchao() -> None:
+    """On import torchao logs that its CUDA-only kernels do not load on a CPU build (harmless) and trips a
+    deprecation log of torch's pytree: keep both out of the user's console."""
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    pytree = logging.getLogger("torch.utils._pytree")
+    level = pytree.level
+    pytree.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchao  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        pytree.setLevel(level)
 
 
 @contextmanager
@@ -96,8 +114,6 @@ def load_exported(path: str | Path) -> ExportedModel:
         >>> model = load_exported("runs/mlp-int8/model.pt2")
         >>> model(torch.rand(4, 1, 8, 8)).shape
     """
-    from hvdtrain.compression.quantize import quiet_torchao
-
     quiet_torchao()  # an int8 program's ops live in torchao, which torch.export.load imports
     try:
         graph = torch.export.load(str(path)).module()

@@ -7,15 +7,13 @@ float32 and the returned notes say which and why (they go into the report).
 from __future__ import annotations
 
 import copy
-import logging
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from hvdtrain.compression.export import export_program
+from hvdtrain.compression.export import export_program, quiet_torchao
 from hvdtrain.errors import UserError
 
 MODES = ("auto", "dynamic", "weight-only", "static")
@@ -28,23 +26,6 @@ class Quantized:
     mode: str                                         # the mode actually used: dynamic, weight-only or static
     int8_layers: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def quiet_torchao() -> None:
-    """On import torchao logs that its CUDA-only kernels do not load on a CPU build (harmless) and trips a
-    deprecation log of torch's pytree: keep both out of the user's console."""
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    pytree = logging.getLogger("torch.utils._pytree")
-    level = pytree.level
-    pytree.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import torchao  # noqa: F401
-    except ImportError:
-        pass
-    finally:
-        pytree.setLevel(level)
 
 
 def _torchao() -> Any:

@@ -19,7 +19,8 @@ MP_CONTEXTS = ("forkserver", "spawn", "fork")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16")
 OPS = ("average", "adasum")
-MONITORS = ("", "val_acc", "val_loss")
+PROGRESS_BARS = ("auto", "on", "off")
+LOSSES = ("auto", "cross_entropy", "mse")
 DECAYS = ("none", "cosine", "step")
 
 
@@ -30,8 +31,12 @@ def option(default: Any, help: str) -> Any:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = option("cnn", "built-in (mlp, cnn) or a plug-in 'module.path:function'")
-    dataset: str = option("digits", "built-in (digits, synthetic) or a plug-in 'module.path:function'")
+    model: str = option("cnn", "mlp, cnn, resnet18, torchvision:NAME, timm:NAME or a plug-in 'module.path:function'")
+    dataset: str = option("digits", "digits, synthetic, images:DIR, csv:FILE, parquet:PATH, shards:GLOB or a plug-in")
+    image_size: int = option(64, "images:DIR: images are resized to this many pixels square")
+    features: str = option("", "csv/parquet/shards: comma-separated feature columns; '' = all but the label")
+    label: str = option("label", "csv/parquet/shards: the label column (integers/strings: classes; floats: regression)")
+    loss: str = option("auto", "auto (cross-entropy for class labels, MSE for real-valued targets), cross_entropy, mse")
     epochs: int = option(10, "passes over the training shard")
     max_steps: int = option(0, "stop after this many optimizer steps in total; 0 = no limit")
     batch_size: int = option(32, "per worker, not global")
@@ -49,7 +54,8 @@ class TrainConfig:
     op: str = option("average", "gradient reduction: average, or adasum (MPI; use with --lr-scaling none)")
     gradient_predivide_factor: float = option(1.0, "average: divide by this before the sum, by workers/this after")
     sync_bn: bool = option(False, "convert BatchNorm layers to Horovod's SyncBatchNorm (global batch statistics)")
-    monitor: str = option("", "val_acc or val_loss: keep best.pt at its best epoch; '' = off")
+    monitor: str = option("", "a held-out metric (val_acc, val_loss, val_mse...) for best.pt and patience; '' = off")
+    metrics: str = option("auto", "comma-separated: acc, topK_acc (e.g. top5_acc), mse, mae; auto = by task")
     patience: int = option(0, "stop after this many epochs without a better `monitor`; 0 = never stop early")
     hidden: int = option(128, "width of the built-in MLP's hidden layers")
     val_fraction: float = option(0.2, "held-out share of a built-in dataset, split with `seed`")
@@ -58,6 +64,7 @@ class TrainConfig:
     num_classes: int = option(10, "classes of the synthetic dataset")
     seed: int = option(42, "model init, split, and shuffle order; the same on every rank")
     log_interval: int = option(20, "steps between metric allreduces and progress lines")
+    progress_bar: str = option("auto", "auto (a terminal or notebook of your own, never under a launcher), on or off")
     tensorboard: bool = option(True, "also write TensorBoard events to <run>/tensorboard, if tensorboard is installed")
     timeline_file: str = option("", "write Horovod's timeline (Chrome trace JSON) to this file; '' = off")
     autotune: bool = option(False, "let Horovod tune its fusion buffer and cycle time while training")
@@ -84,11 +91,9 @@ class TrainConfig:
     mp_context: str = option("forkserver", "loader workers' start method: forkserver (fork-safe), spawn or fork")
 
     def __post_init__(self) -> None:
-        for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples",
-                    "num_classes", "log_interval", "accumulate"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
-        for key in ("keep_checkpoints", "commit_steps", "stages", "micro_batches", "prefetch_factor"):
+        for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples", "image_size",
+                    "num_classes", "log_interval", "accumulate", "keep_checkpoints", "commit_steps", "stages",
+                    "micro_batches", "prefetch_factor"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum", "checkpoint_epochs",
@@ -123,7 +128,10 @@ class TrainConfig:
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("compression", self.compression, COMPRESSIONS)
         _check_choice("op", self.op, OPS)
-        _check_choice("monitor", self.monitor, MONITORS)
+        _check_choice("progress_bar", self.progress_bar, PROGRESS_BARS)
+        _check_choice("loss", self.loss, LOSSES)
+        if self.monitor and not self.monitor.startswith("val_"):
+            raise ConfigError(f"monitor must name a held-out metric such as val_acc or val_loss, got {self.monitor!r}")
         if self.precision == "fp16" and self.device == "cpu":
             raise ConfigError("precision fp16 needs a CUDA device (float16 autocast with a loss scaler); "
                               "on CPU use --precision bf16")
@@ -143,6 +151,11 @@ class TrainConfig:
                                   "update inside backward, before a loss scaler could check it); use bf16")
         if self.patience and not self.monitor:
             raise ConfigError("patience needs a metric to watch: add --monitor val_acc or --monitor val_loss")
+
+    def changed(self) -> dict[str, Any]:
+        """The keys whose values differ from the defaults (what the console banner shows)."""
+        defaults = TrainConfig().to_dict()
+        return {key: value for key, value in self.to_dict().items() if defaults[key] != value}
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -1,4 +1,4 @@
-"""Built-in datasets, plug-in datasets, and how they are split across workers (pure functions)."""
+"""Built-in datasets and plug-in datasets."""
 from __future__ import annotations
 
 import math
@@ -47,9 +47,30 @@ def synthetic(config: TrainConfig) -> Data:
 
 
 BUILTIN = {"digits": digits, "synthetic": synthetic}
+# Data without code: 'KIND:PATH'. These prefixes are not plug-in module names.
+SOURCES = ("images", "csv", "parquet", "shards")
+
+
+def from_source(config: TrainConfig) -> Data:
+    """images:ROOT (ImageFolder layout), csv:FILE, parquet:FILE_OR_FOLDER, shards:GLOB (streamed Parquet)."""
+    kind, _, path = config.dataset.partition(":")
+    if kind == "images":
+        from hvdtrain.data.images import image_folder
+
+        return Data(*image_folder(path, config.image_size, config.val_fraction, config.seed))
+    if kind in ("csv", "parquet"):
+        from hvdtrain.data.tabular import tabular
+
+        return Data(*tabular(path, config.features, config.label, config.val_fraction, config.seed))
+    from hvdtrain.data.streaming import parquet_shards
+
+    return Data(*parquet_shards(path, config.features, config.label, config.val_fraction, config.batch_size,
+                                config.seed))
 
 
 def build_data(config: TrainConfig) -> Data:
+    if config.dataset.partition(":")[0] in SOURCES:
+        return from_source(config)
     result = resolve(config.dataset, "dataset", BUILTIN)(config)
     if not (isinstance(result, tuple) and len(result) == 3):
         raise UserError(f"dataset builder {config.dataset} must return (train, val, num_classes), "
@@ -57,31 +78,14 @@ def build_data(config: TrainConfig) -> Data:
     return Data(*result)
 
 
-def check_fits(train_size: int, size: int) -> None:
-    if train_size < size:
-        raise UserError(f"the training set has {train_size} samples, fewer than the {size} workers; "
-                        "use fewer workers or a larger dataset")
-
-
-def steps_per_epoch(train_size: int, size: int, batch_size: int, accumulate: int = 1) -> int:
-    """Optimizer steps, equal on every rank: DistributedSampler pads each shard to ceil(n / size) samples.
-
-    With accumulation a step takes `accumulate` micro-batches; the epoch's last step may take fewer.
-    """
-    return math.ceil(math.ceil(math.ceil(train_size / size) / batch_size) / accumulate)
-
-
-def step_samples(micro: int, batch_size: int, accumulate: int, shard_len: int) -> int:
-    """Samples of this rank's shard in the optimizer step that micro-batch `micro` belongs to.
-
-    K full micro-batches, except at the end of the shard (a short last batch, a short last step).
-    Weighting each micro-batch's mean loss by len(batch) / step_samples makes the step's gradient the
-    mean over all its samples: K micro-batches of b equal one batch of K*b.
-    """
-    first = micro // accumulate * accumulate * batch_size
-    return min(shard_len, first + accumulate * batch_size) - first
-
-
-def eval_shard(n: int, rank: int, size: int) -> range:
-    """Strided, unpadded: across ranks every held-out sample is counted exactly once."""
-    return range(rank, n, size)
+def input_shape(dataset: Any) -> tuple[int, ...]:
+    """The shape of one sample's inputs (for a model builder): item[0] of an (inputs, target) pair."""
+    try:
+        item = dataset[0]
+    except (TypeError, NotImplementedError, IndexError):  # a stream: its first item
+        item = next(iter(dataset))
+    inputs = item[0] if isinstance(item, (list, tuple)) else item
+    if not isinstance(inputs, torch.Tensor):
+        raise UserError(f"the dataset's items are {type(item).__name__}, not (input tensor, target) pairs; "
+                        "build the model yourself and use hvdtrain.Trainer with step_fn")
+    return tuple(inputs.shape)

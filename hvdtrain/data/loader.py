@@ -38,13 +38,18 @@ def loader_options(config: TrainConfig, rank: int, device: torch.device) -> dict
     return options
 
 
-def build_loader(data: Any, sampler: Sampler[int], config: TrainConfig, rank: int,
+def build_loader(data: Any, sampler: Sampler[int] | None, config: TrainConfig, rank: int,
                  device: torch.device) -> DataLoader:
     """The training loader over `sampler`'s shard (the sampler decides order; workers only load).
+    A streaming dataset (sampler None) shards itself across ranks and loader workers.
 
     Example:
         >>> loader = build_loader(train_ds, ShardSampler(len(train_ds), rank, size, seed=42), config, rank,
         ...                       torch.device("cpu"))
     """
-    return DataLoader(data, batch_size=config.batch_size, sampler=sampler,
-                      **loader_options(config, rank, device))
+    options = loader_options(config, rank, device)
+    if sampler is None and config.workers:
+        # A stream's workers read the epoch and position set on the dataset when the epoch's iterator is
+        # made: persistent workers would keep the first epoch's copy.
+        options["persistent_workers"] = False
+    return DataLoader(data, batch_size=config.batch_size, sampler=sampler, **options)

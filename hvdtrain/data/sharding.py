@@ -8,10 +8,13 @@ epoch across any new number of workers with no sample skipped or repeated.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler
+
+from hvdtrain.errors import UserError
 
 
 class ShardSampler(Sampler[int]):
@@ -56,3 +59,33 @@ class ShardSampler(Sampler[int]):
     def __len__(self) -> int:
         remaining = max(0, self.num_samples_total - self.start)
         return -(-remaining // self.size)
+
+
+def check_fits(train_size: int, size: int) -> None:
+    if train_size < size:
+        raise UserError(f"the training set has {train_size} samples, fewer than the {size} workers; "
+                        "use fewer workers or a larger dataset")
+
+
+def steps_per_epoch(train_size: int, size: int, batch_size: int, accumulate: int = 1) -> int:
+    """Optimizer steps, equal on every rank: DistributedSampler pads each shard to ceil(n / size) samples.
+
+    With accumulation a step takes `accumulate` micro-batches; the epoch's last step may take fewer.
+    """
+    return math.ceil(math.ceil(math.ceil(train_size / size) / batch_size) / accumulate)
+
+
+def step_samples(micro: int, batch_size: int, accumulate: int, shard_len: int) -> int:
+    """Samples of this rank's shard in the optimizer step that micro-batch `micro` belongs to.
+
+    K full micro-batches, except at the end of the shard (a short last batch, a short last step).
+    Weighting each micro-batch's mean loss by len(batch) / step_samples makes the step's gradient the
+    mean over all its samples: K micro-batches of b equal one batch of K*b.
+    """
+    first = micro // accumulate * accumulate * batch_size
+    return min(shard_len, first + accumulate * batch_size) - first
+
+
+def eval_shard(n: int, rank: int, size: int) -> range:
+    """Strided, unpadded: across ranks every held-out sample is counted exactly once."""
+    return range(rank, n, size)

@@ -83,6 +83,13 @@ def world() -> World:
     return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
 
 
+def backend_name() -> str:
+    """How the ranks talk: 'Gloo', 'MPI', or 'one process'."""
+    if hvd.size() == 1:
+        return "one process"
+    return "MPI" if hvd.mpi_enabled() else "Gloo" if hvd.gloo_enabled() else "Horovod"
+
+
 def shutdown() -> None:
     if hvd is not None and hvd.is_initialized():
         hvd.shutdown()
@@ -178,6 +185,20 @@ def allreduce_sum(tensor: torch.Tensor, name: str) -> torch.Tensor:
     # Alone, a sum is the tensor: skip Horovod's background-thread round trip (as its own
     # DistributedOptimizer does at size 1).
     return tensor.clone() if hvd.size() == 1 else hvd.allreduce(tensor, op=hvd.Sum, name=name)
+
+
+def average_buffers(buffers: list[torch.Tensor]) -> None:
+    """Average float buffers (BatchNorm running statistics) over the ranks, in place, in one grouped op.
+
+    Without it every rank keeps statistics of its own shard: evaluation would differ by rank and the
+    replicas would not be equal at the end.
+    """
+    if hvd.size() == 1 or not buffers:
+        return
+    averaged = hvd.grouped_allreduce([b.detach() for b in buffers], op=hvd.Average, name="buffers")
+    with torch.no_grad():
+        for buffer, value in zip(buffers, averaged, strict=True):
+            buffer.copy_(value)
 
 
 def nonfinite_flag_async(value: torch.Tensor, name: str, gradient_predivide_factor: float = 1.0) -> Any:

@@ -9,7 +9,8 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,3 +102,20 @@ def rank0_result(results: list[Any], all_ranks: bool) -> Any:
                           rank=first.rank, remote_traceback=first.traceback,
                           user_error=f"rank {first.rank}: {first.message}" if first.user_error else None)
     return results if all_ranks else results[0]
+
+
+@contextmanager
+def patched_environ(values: dict[str, str] | None = None, defaults: dict[str, str] | None = None) -> Iterator[None]:
+    """Inside: os.environ with `values` set and `defaults` set where absent. After: exactly as before.
+
+    Launchers read the environment when they start workers; the caller's process keeps its own.
+    """
+    saved = dict(os.environ)
+    os.environ.update(values or {})
+    for key, value in (defaults or {}).items():
+        os.environ.setdefault(key, value)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

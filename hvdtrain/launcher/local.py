@@ -14,6 +14,7 @@ from hvdtrain.errors import LaunchError, WorkerError
 from hvdtrain.launcher.guard import (
     Guarded,
     check_picklable,
+    patched_environ,
     rank0_result,
     target,
     worker_pythonpath,
@@ -57,18 +58,14 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
 
     import horovod.runner
 
-    saved = dict(os.environ)
-    os.environ.update(env or {})
     # Workers import what this process can: functions pickled by reference need their modules.
-    os.environ["PYTHONPATH"] = worker_pythonpath(os.environ.get("PYTHONPATH", ""))
+    pythonpath = worker_pythonpath((env or {}).get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
     try:
-        results = horovod.runner.run(Guarded(fn, args, kwargs), num_proc=np, hosts=hosts,
-                                     use_gloo=not use_mpi, use_mpi=use_mpi,
-                                     network_interfaces=network_interfaces, start_timeout=start_timeout,
-                                     disable_cache=True)
+        with patched_environ({**(env or {}), "PYTHONPATH": pythonpath}):
+            results = horovod.runner.run(Guarded(fn, args, kwargs), num_proc=np, hosts=hosts,
+                                         use_gloo=not use_mpi, use_mpi=use_mpi,
+                                         network_interfaces=network_interfaces, start_timeout=start_timeout,
+                                         disable_cache=True)
     except RuntimeError as err:  # a worker process died without returning (killed, os._exit, ...)
         raise WorkerError(f"a worker process died: {err}") from None
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     return rank0_result(results, all_ranks)

@@ -11,6 +11,7 @@ from torch import nn
 from hvdtrain.config.plugins import resolve
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import UserError
+from hvdtrain.models.zoo import ZOOS, from_zoo, resnet18
 
 
 def mlp(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -38,10 +39,20 @@ def cnn(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> 
     )
 
 
-BUILTIN = {"mlp": mlp, "cnn": cnn}
+def resnet(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if len(input_shape) != 3:
+        raise UserError(f"model resnet18 needs (channels, height, width) inputs, got shape {input_shape}; "
+                        "use --model mlp")
+    return resnet18(input_shape[0], num_classes)
+
+
+BUILTIN = {"mlp": mlp, "cnn": cnn, "resnet18": resnet}
 
 
 def build_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The model named by config.model: a built-in, `torchvision:NAME` / `timm:NAME`, or a plug-in."""
+    if config.model.partition(":")[0] in ZOOS:
+        return from_zoo(config.model, input_shape, num_classes)
     model = resolve(config.model, "model", BUILTIN)(config, input_shape, num_classes)
     if not isinstance(model, nn.Module):
         raise UserError(f"model builder {config.model} must return a torch.nn.Module, "

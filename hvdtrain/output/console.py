@@ -15,9 +15,8 @@ from typing import Any
 LOGGER = logging.getLogger("hvdtrain")
 # Set by horovodrun (Gloo), mpirun and Slurm's srun on every worker: output there goes to a launcher.
 LAUNCHER_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
-EPOCH_COLUMNS = (("epoch", "epoch"), ("step", "step"), ("loss", "train_loss"), ("val_loss", "val_loss"),
-                 ("lr", "lr"), ("samples/s", "samples_per_s"), ("step_ms", "step_time_s"),
-                 ("time_s", "epoch_time_s"))
+TAIL_COLUMNS = (("lr", "lr"), ("samples/s", "samples_per_s"), ("step_ms", "step_time_s"),
+                ("time_s", "epoch_time_s"))
 
 
 class _StdoutHandler(logging.Handler):
@@ -92,11 +91,13 @@ class Console:
 
         self.bar = tqdm(total=total, initial=initial, unit="step", leave=False)
 
-    def advance(self, loss: float | None = None) -> None:
+    def advance(self) -> None:
         if self.bar is not None:
             self.bar.update()
-            if loss is not None:
-                self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+
+    def advance_postfix(self, loss: float | None) -> None:
+        if self.bar is not None and loss is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
 
     def close_bar(self) -> None:
         if self.bar is not None:
@@ -110,13 +111,16 @@ class Console:
 
     def epoch_row(self, record: dict[str, Any], header: bool) -> None:
         """One aligned table row per epoch (the header before the first); metric columns follow the record."""
-        metrics = [key for key in record if key.startswith(("train_", "val_")) and key not in
-                   ("train_loss", "val_loss", "val_samples") and isinstance(record[key], (int, float))]
-        columns = [*EPOCH_COLUMNS[:4], *((key.removeprefix("train_"), key) for key in metrics), *EPOCH_COLUMNS[4:]]
-        if header:
-            self.line("  ".join(f"{name:>9}" for name, _ in columns))
-        self.line("  ".join(f"{_cell(key, record.get(key)):>9}" for _, key in columns))
+        def metrics(prefix: str) -> list[tuple[str, str]]:
+            return [(key.removeprefix("train_"), key) for key, value in record.items() if key.startswith(prefix)
+                    and key != f"{prefix}loss" and not key.endswith("_samples") and isinstance(value, (int, float))]
 
+        columns = [("epoch", "epoch"), ("step", "step"), ("loss", "train_loss"), *metrics("train_"),
+                   ("val_loss", "val_loss"), *metrics("val_"), *TAIL_COLUMNS]
+        widths = [max(9, len(name)) for name, _ in columns]
+        if header:
+            self.line("  ".join(f"{name:>{w}}" for (name, _), w in zip(columns, widths, strict=True)))
+        self.line("  ".join(f"{_cell(key, record.get(key)):>{w}}" for (_, key), w in zip(columns, widths, strict=True)))
 
 def _cell(key: str, value: Any) -> str:
     if value is None:

@@ -1,8 +1,7 @@
-"""Rank 0's side effects: the run directory, its config, metrics (JSON Lines), summary, weights, plot."""
+"""Rank 0's files: the run directory, its config, metrics (JSON Lines), summary, weights, plot."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,8 @@ import torch
 from torch import nn
 
 from hvdtrain.config.train_config import TrainConfig, to_yaml
+from hvdtrain.output.console import console
+from hvdtrain.output.files import atomic_write, write_text
 
 
 def plan_run_dir(config: TrainConfig) -> dict[str, Any]:
@@ -34,12 +35,12 @@ def plan_run_dir(config: TrainConfig) -> dict[str, Any]:
 
 
 class RunLog:
+    """Rank 0's files in the run directory. It writes; the console (output/console.py) shows."""
+
     def __init__(self, path: str, config: TrainConfig) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "config.yaml").write_text(to_yaml(config))
-        self.epochs = config.epochs
-        self._header_done = False
+        write_text(self.path / "config.yaml", to_yaml(config))
         self.tensorboard = _tensorboard_writer(self.path / "tensorboard") if config.tensorboard else None
 
     def metrics(self, record: dict[str, Any]) -> None:
@@ -52,57 +53,26 @@ class RunLog:
             if record["kind"] == "epoch":
                 self.tensorboard.flush()  # a stopped run keeps its curves up to the last epoch
 
-    def epoch(self, record: dict[str, Any], bar: Any = None) -> None:
-        self.metrics(record)
-        columns = [("epoch", f"{record['epoch'] + 1}"), ("step", f"{record['step']}"),
-                   ("loss", _num(record["train_loss"])), ("acc", _num(record["train_acc"])),
-                   ("val_loss", _num(record.get("val_loss"))), ("val_acc", _num(record.get("val_acc"))),
-                   ("lr", f"{record['lr']:.4g}"), ("samples/s", f"{record['samples_per_s']:.0f}"),
-                   ("step_ms", _num(record.get("step_time_s"), 1000, ".1f")),
-                   ("time_s", f"{record['epoch_time_s']:.2f}")]
-        lines = []
-        if not self._header_done:
-            lines.append("  ".join(f"{name:>9}" for name, _ in columns))
-            self._header_done = True
-        lines.append("  ".join(f"{value:>9}" for _, value in columns))
-        for line in lines:
-            if bar is not None:
-                bar.write(line)  # above the bar, not through it
-            else:
-                print(line, flush=True)
-
     def best(self, model: nn.Module) -> None:
         """best.pt: the weights at the best epoch so far, replaced atomically (a crash leaves the old one)."""
-        tmp = self.path / ".best.pt.tmp"
-        torch.save(model.state_dict(), tmp)
-        os.replace(tmp, self.path / "best.pt")
+        atomic_write(self.path / "best.pt", lambda handle: torch.save(model.state_dict(), handle))
 
     def finish(self, history: Any, model: nn.Module) -> None:
         summary = history.summary
-        torch.save(model.state_dict(), self.path / "model.pt")
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write(self.path / "model.pt", lambda handle: torch.save(model.state_dict(), handle))
+        write_text(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.metrics(summary)
         if self.tensorboard:
             self.tensorboard.close()
         history.plot(self.path / "curves.png")
-        if summary.get("monitor") and summary["best_epoch"] >= 0:
-            how = "stopped early; " if summary["stopped_early"] else ""
-            print(f"hvdtrain: {how}best {summary['monitor']} {_num(summary['best'])} at epoch "
-                  f"{summary['best_epoch'] + 1} -> {self.path / 'best.pt'}", flush=True)
-        print(f"hvdtrain: done  {summary['workers']} worker(s)  {summary['epochs_run']} epochs  "
-              f"{summary['steps']} steps  val_loss {_num(summary.get('val_loss'))}  "
-              f"val_acc {_num(summary.get('val_acc'))}  {summary['samples_per_s']:.0f} samples/s  "
-              f"wall {summary['wall_time_s']:.1f} s  -> {self.path}", flush=True)
-
-
-def _num(value: float | None, scale: float = 1.0, spec: str = ".4f") -> str:
-    return "-" if value is None else f"{value * scale:{spec}}"
 
 
 def _tensorboard_writer(path: Path) -> Any:
-    """A SummaryWriter when the optional tensorboard package is installed, else None."""
+    """A SummaryWriter when the optional tensorboard package is installed, else None (said once)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
+        console.notice("tensorboard", "tensorboard is not installed, so no TensorBoard events are written "
+                       "(pip install tensorboard, or --tensorboard false to silence this)")
         return None
     return SummaryWriter(log_dir=str(path))

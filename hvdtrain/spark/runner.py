@@ -20,10 +20,12 @@ from hvdtrain.launcher.guard import (
     Guarded,
     check_picklable,
     fit_config,
+    patched_environ,
     rank0_result,
     target,
     worker_pythonpath,
 )
+from hvdtrain.train.device import threads_per_worker
 
 
 def local_slots(master: str, task_cpus: int, cpu_count: int) -> int | None:
@@ -54,20 +56,14 @@ def _start_session(num_proc: int) -> Any:
         print(f"hvdtrain: started a SparkSession on {session.sparkContext.master}", file=sys.stderr, flush=True)
         return session
     # Every rank gets an equal share of this machine's cores, as under horovodrun on one host.
-    task_cpus = max(1, (os.cpu_count() or 1) // num_proc)
-    saved = dict(os.environ)
+    task_cpus = threads_per_worker(num_proc)
     # Without SPARK_LOCAL_IP Spark binds to the machine's external address; without PYSPARK_PYTHON its
     # Python workers run `python3` from PATH, which may lack hvdtrain and Horovod. Both are read at start.
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    try:
+    with patched_environ(defaults={"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}):
         session = (builder.master(f"local[{num_proc * task_cpus}]")
                    .config("spark.task.cpus", str(task_cpus))
                    .config("spark.ui.showConsoleProgress", "false")  # its bar garbles the workers' lines
                    .getOrCreate())
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     print(f"hvdtrain: no active SparkSession; started a local one ({session.sparkContext.master}, "
           f"{task_cpus} core(s) per task); it is stopped after this run", file=sys.stderr, flush=True)
     return session

@@ -8,6 +8,8 @@ import os
 import random
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,8 @@ import torch
 from hvdtrain.errors import UserError
 from hvdtrain.output.files import atomic_write
 
-FORMAT = "hvdtrain-checkpoint-1"
+# 2: metric sums laid out by train/metrics.MetricSet (1 held [loss, correct, count]).
+FORMAT = "hvdtrain-checkpoint-2"
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 # Fault injection for tests: seconds to sleep between writing the temp file and renaming it.
 WRITE_DELAY_ENV = "HVDTRAIN_CHECKPOINT_WRITE_DELAY_S"
@@ -69,18 +72,50 @@ def candidates(directory: Path) -> list[Path]:
     return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), reverse=True)
 
 
-def load(path: Path) -> dict[str, Any]:
-    """Read one checkpoint; UserError if it is missing, not a checkpoint, or unreadable."""
+def _torch_load(path: Path, what: str) -> Any:
+    """The one reader of files hvdtrain wrote: weights_only (loading cannot run code), one-line errors."""
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist (check --resume)")
+        raise UserError(f"{what} {path} does not exist")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"{path} is not a readable hvdtrain checkpoint ({first[:160]})") from None
+        raise UserError(f"{path} is not a readable hvdtrain {what} ({first[:160]})") from None
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read one checkpoint; UserError if it is missing, not a checkpoint, or unreadable."""
+    payload = _torch_load(path, "checkpoint")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise UserError(f"{path} is not an hvdtrain checkpoint (no '{FORMAT}' marker)")
+        found = payload.get("format") if isinstance(payload, dict) else None
+        why = f"format {found}, this hvdtrain reads {FORMAT}" if found else f"no '{FORMAT}' marker"
+        raise UserError(f"{path} is not an hvdtrain checkpoint ({why})")
     return payload
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """Model weights from a checkpoint (with its config) or from a plain state dict such as model.pt.
+
+    Returns:
+        (state_dict, the checkpoint's config as a dict, or None for a plain state dict).
+    """
+    payload = _torch_load(path, "checkpoint")
+    if isinstance(payload, dict) and "format" in payload:
+        checked = load(path)
+        return checked["model"], checked["config"]
+    if not (isinstance(payload, dict) and payload and all(isinstance(v, torch.Tensor) for v in payload.values())):
+        raise UserError(f"{path} holds neither an hvdtrain checkpoint nor a model's state dict")
+    return payload, None
+
+
+@contextmanager
+def rng_preserved() -> Iterator[None]:
+    """Run something (e.g. a probe step) without moving this process's random number generators."""
+    saved = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
 
 
 def find_latest(directory: Path) -> tuple[dict[str, Any] | None, Path | None, list[str]]:

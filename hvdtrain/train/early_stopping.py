@@ -3,17 +3,14 @@ from __future__ import annotations
 
 import math
 
-# The direction in which each monitored metric improves.
-HIGHER_IS_BETTER = {"val_acc": True, "val_loss": False}
 
-
-def improved(monitor: str, best: float, value: float | None) -> bool:
+def improved(best: float, value: float | None, higher_is_better: bool) -> bool:
     """Strictly better than `best` (NaN: nothing seen yet). A missing or NaN value never improves."""
     if value is None or math.isnan(value):
         return False
     if math.isnan(best):
         return True
-    return value > best if HIGHER_IS_BETTER[monitor] else value < best
+    return value > best if higher_is_better else value < best
 
 
 def patience_exhausted(epochs_done: int, best_epoch: int, patience: int) -> bool:

@@ -1,70 +1,79 @@
-"""Evaluation and prediction sharded across workers, and per-batch statistics (no host syncs)."""
+"""Evaluation and prediction sharded across workers: rank r takes samples r, r+size, ... (unpadded, so
+every held-out sample counts exactly once), and results come back in the data's order."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import itertools
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, IterableDataset, Subset, default_collate
 
-from hvdtrain.data.datasets import eval_shard
+from hvdtrain.data.sharding import eval_shard
 from hvdtrain.distributed import dist
+from hvdtrain.train.batch import first_tensor, to_device
+from hvdtrain.train.metrics import MetricSet
+from hvdtrain.train.step import LossFn, StepFn, run_step
 
 
-def batch_stats(loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """[loss sum, correct, count] for one batch; correct is NaN when targets are not class labels."""
-    count = targets.shape[0]
-    if outputs.dim() == 2 and not targets.is_floating_point() and targets.dim() == 1:
-        correct = (outputs.argmax(1) == targets).sum().to(torch.float64)
+def probe_batch(data: Any, n: int) -> Any:
+    """A batch of the first `n` samples of `data` (map-style or a stream), collated as the loader does."""
+    if isinstance(data, IterableDataset):
+        items = list(itertools.islice(iter(data), n))
     else:
-        correct = torch.tensor(float("nan"), dtype=torch.float64, device=outputs.device)
-    return torch.stack([loss.to(torch.float64) * count, correct,
-                        torch.tensor(float(count), dtype=torch.float64, device=outputs.device)])
-
-
-def ratio(numerator: torch.Tensor, count: torch.Tensor) -> float | None:
-    value = (numerator / count).item()
-    return None if value != value else value  # NaN: not a classification task
+        items = [data[i] for i in range(min(n, len(data)))]
+    return default_collate(items)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Any, loss_fn: Callable[..., torch.Tensor], world: dist.World,
-             batch_size: int, device: torch.device) -> dict[str, Any]:
-    """Loss and accuracy over all of `data`, each sample counted exactly once across ranks."""
+def evaluate(model: nn.Module, data: Any, loss_fn: LossFn, step_fn: StepFn | None, metrics: MetricSet,
+             world: dist.World, batch_size: int, device: torch.device) -> dict[str, Any]:
+    """val_loss and every metric over all of `data`, each sample counted exactly once across ranks."""
     was_training = model.training
     model.eval()
-    shard = Subset(data, eval_shard(len(data), world.rank, world.size))
-    stats = torch.zeros(3, dtype=torch.float64, device=device)
-    for inputs, targets in DataLoader(shard, batch_size=batch_size):
-        inputs, targets = inputs.to(device), targets.to(device)
-        outputs = model(inputs)
-        stats += batch_stats(loss_fn(outputs, targets), outputs, targets)
+    sums = metrics.zeros(device)
+    for batch in DataLoader(Subset(data, eval_shard(len(data), world.rank, world.size)), batch_size=batch_size):
+        out = run_step(model, to_device(batch, device), loss_fn, step_fn)
+        sums += metrics.batch_sums(out.loss, out.n, out.extras, out.outputs, out.targets)
     # Horovod: sums, not averages, so unequal shards weigh correctly.
-    total = dist.allreduce_sum(stats.cpu(), name="eval_stats")
+    total = dist.allreduce_sum(sums.cpu(), name="eval_stats")
     model.train(was_training)
-    return {"val_loss": ratio(total[0], total[2]), "val_acc": ratio(total[1], total[2]),
-            "val_samples": int(total[2].item())}
+    return {**metrics.values(total, prefix="val_"), "val_samples": int(total[1].item())}
 
 
 @torch.no_grad()
-def predict(model: nn.Module, data: Any, world: dist.World, batch_size: int,
-            device: torch.device) -> torch.Tensor:
-    """Outputs for every sample of `data` in its original order, on every rank."""
+def predict_shard(model: nn.Module, data: Any, rank: int, size: int, batch_size: int,
+                  device: torch.device) -> torch.Tensor:
+    """Outputs for samples rank, rank+size, ... of `data` (items are (inputs, target) pairs or inputs)."""
     was_training = model.training
     model.eval()
-    indices = eval_shard(len(data), world.rank, world.size)
-    chunks = [model(inputs.to(device)).cpu()
-              for inputs, _ in DataLoader(Subset(data, indices), batch_size=batch_size)]
-    local = torch.cat(chunks) if chunks else torch.empty(0)
+    chunks = []
+    for batch in DataLoader(Subset(data, eval_shard(len(data), rank, size)), batch_size=batch_size):
+        inputs = batch[0] if isinstance(batch, (list, tuple)) and len(batch) == 2 else batch
+        output = first_tensor(model(to_device(inputs, device)))
+        assert output is not None, "the model returned no tensor"
+        chunks.append(output.cpu())
     model.train(was_training)
-    # Horovod: shards differ in length, so gather as objects; rank r holds samples r, r+size, ...
-    shards = dist.allgather_object(local, name="predict")
-    out = torch.empty(len(data), *shards[0].shape[1:], dtype=shards[0].dtype)
+    return torch.cat(chunks) if chunks else torch.empty(0)
+
+
+def interleave(shards: list[torch.Tensor]) -> torch.Tensor:
+    """Shard r holds samples r, r+size, ...: put every sample back at its index."""
+    total = sum(len(s) for s in shards)
+    template = next((s for s in shards if len(s)), shards[0])
+    out = torch.empty(total, *template.shape[1:], dtype=template.dtype)
     for rank, shard in enumerate(shards):
-        out[rank::world.size] = shard
+        if len(shard):
+            out[rank::len(shards)] = shard
     return out
+
+
+def predict(model: nn.Module, data: Any, world: dist.World, batch_size: int, device: torch.device) -> torch.Tensor:
+    """Outputs for every sample of `data` in its original order, on every rank."""
+    local = predict_shard(model, data, world.rank, world.size, batch_size, device)
+    # Horovod: shards differ in length, so gather as objects; rank r holds samples r, r+size, ...
+    return interleave(dist.allgather_object(local, name="predict"))
 
 
 def param_digest(model: nn.Module) -> str:

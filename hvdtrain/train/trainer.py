@@ -1,64 +1,59 @@
 """The training loop: read it top to bottom. Lines that exist only for distribution say `# Horovod:`."""
 from __future__ import annotations
 
-import math
-import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import IterableDataset
 
-from hvdtrain.config.train_config import TrainConfig, to_yaml
-from hvdtrain.data.datasets import build_data, check_fits, step_samples, steps_per_epoch
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.data.loader import build_loader
-from hvdtrain.data.sharding import ShardSampler
+from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
 from hvdtrain.distributed import dist
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.models.pipeline import place
+from hvdtrain.output.console import console
 from hvdtrain.output.history import History
 from hvdtrain.output.run_dir import RunLog, plan_run_dir
 from hvdtrain.train import checkpoint
-from hvdtrain.train.components import autocast, check_precision, make_optimizer, make_scaler, pick_device, show_progress
+from hvdtrain.train.batch import to_device
+from hvdtrain.train.device import pick_device, threads_per_worker
 from hvdtrain.train.early_stopping import improved, patience_exhausted
-from hvdtrain.train.evaluation import batch_stats, evaluate, param_digest, predict, ratio
+from hvdtrain.train.elastic import ElasticRun
+from hvdtrain.train.evaluation import evaluate, param_digest, predict, probe_batch
 from hvdtrain.train.lr_schedule import lr_at, scaled_lr
-from hvdtrain.train.resume import apply_resume, read_on_root, resume_state
-from hvdtrain.train.signals import STOP
+from hvdtrain.train.metrics import Metric, MetricSet, auto_metrics, by_name
+from hvdtrain.train.optim import make_optimizer
+from hvdtrain.train.precision import autocast, check_precision, make_scaler
+from hvdtrain.train.progress import Progress
+from hvdtrain.train.resume import read_on_root, resume_state
+from hvdtrain.train.signals import STOP, agreed_signal, stop_flags
+from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, run_step
 
-
-@dataclass
-class Progress:
-    """Where training stands; checkpoints and elastic commits save exactly this."""
-    epoch: int = 0
-    position: int = 0           # samples of this epoch's order processed by all ranks together
-    step: int = 0               # optimizer steps since the run began (skipped ones included)
-    fit_step: int = 0           # steps in the current fit() call; drives the LR schedule
-    nonfinite: int = 0          # consecutive steps skipped for non-finite gradients
-    skipped: int = 0            # all steps skipped for non-finite gradients
-    stats: torch.Tensor = field(default_factory=lambda: torch.zeros(3, dtype=torch.float64))
-    best: float = math.nan      # best value of config.monitor so far
-    best_epoch: int = -1        # the epoch (0-based) that reached it; best.pt holds its weights
-
-    FIELDS = ("epoch", "position", "step", "fit_step", "nonfinite", "skipped", "stats", "best", "best_epoch")
-
-    def values(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.FIELDS}
+AfterEpoch = Callable[[dict[str, Any]], bool]
 
 
 class Trainer:
-    """Data-parallel training of any model on any map-style dataset, on every Horovod worker.
+    """Data-parallel training of any model on any dataset, on every Horovod worker.
 
     Args:
         model: the model; its initial weights are taken from rank 0 (or from the checkpoint resumed).
-        train_data: a torch Dataset of (input, target) pairs with __len__.
+        train_data: a map-style Dataset (with __len__) or a hvdtrain streaming dataset; its items may
+            be (inputs, targets) pairs or any structure of tensors (dicts, tuples, dataclasses) with step_fn.
         val_data: optional held-out Dataset, evaluated after every epoch.
         optimizer: optional optimizer over `model`'s parameters; default from `config`. Its learning
             rates are the one-worker rates, scaled by `config.lr_scaling`.
-        loss_fn: `loss_fn(outputs, targets)`, mean over the batch; default cross-entropy.
+        loss_fn: `loss_fn(outputs, targets)`, mean over the batch; default cross-entropy. Outputs may
+            be any structure (e.g. `(logits, aux)`) that your loss_fn takes.
+        step_fn: `step_fn(model, batch) -> loss` or `-> (loss, {"name": value})`, for anything the
+            default `loss_fn(model(inputs), targets)` cannot express (e.g. `model(**batch).loss`).
+        metrics: names (acc, top5_acc, mse, mae) or metric objects (see train/metrics.py); default from
+            `config.metrics` ("auto": accuracy for class labels, MSE/MAE for real-valued targets).
         config: a TrainConfig (batch size, epochs, LR policy, run directory...); default TrainConfig().
     Example:
         >>> trainer = hvdtrain.Trainer(my_model, train_ds, val_ds, config=hvdtrain.load_config(epochs=5))
@@ -67,16 +62,24 @@ class Trainer:
     """
 
     def __init__(self, model: nn.Module, train_data: Any, val_data: Any = None, *,
-                 optimizer: torch.optim.Optimizer | None = None,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
+                 step_fn: StepFn | None = None, metrics: Sequence[str | Metric] | None = None,
                  config: TrainConfig | None = None) -> None:
         self.config = config = config or TrainConfig()
-        self.world = world = dist.init(dist.horovod_env(config))  # Horovod: timeline, autotune, stall check
-        # Each worker gets its share of this host's cores; oversubscription makes every rank slower.
-        torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // world.local_size))
+        world = dist.init(dist.horovod_env(config))  # Horovod: timeline, autotune, stall check
+        console.set_rank(world.rank)
+        torch.set_num_threads(config.threads or threads_per_worker(world.local_size))
         # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.
         self.device = pick_device(config.device, world.local_rank * config.stages)
         check_precision(config.precision, self.device)
+        self.streaming = isinstance(train_data, IterableDataset)
+        if self.streaming and not all(hasattr(train_data, a) for a in ("set_shard", "set_epoch", "shard_len")):
+            raise UserError(f"train_data is an IterableDataset ({type(train_data).__name__}) without set_shard/"
+                            "set_epoch/shard_len, so its samples cannot be split across workers exactly; use a "
+                            "map-style Dataset or hvdtrain.data.streaming.ParquetStream")
+        if self.streaming and config.elastic:
+            raise UserError("elastic training needs a map-style dataset (a stream cannot be re-split across a "
+                            "changing number of workers); drop --elastic or load the data in memory")
         check_fits(len(train_data), world.size)
         if config.monitor and val_data is None:
             raise UserError(f"monitor {config.monitor} needs held-out data (val_data); drop --monitor")
@@ -85,13 +88,17 @@ class Trainer:
         model = dist.convert_sync_bn(model) if config.sync_bn else model
         self.model = place(model, self.device, local_rank=world.local_rank, local_size=world.local_size,
                            stages=config.stages, split=config.stage_split, micro_batches=config.micro_batches)
+        self.step_fn = step_fn
+        first = probe_batch(train_data, max(2, config.micro_batches))
+        self.loss_fn: LossFn = loss_fn or default_loss(config.loss, first)
+        self.float_buffers = [] if config.sync_bn else [
+            b for b in self.model.buffers() if b.is_floating_point()]
+        self.metrics = self._check_first_batch(first, metrics)
         self.scaler = make_scaler(config.precision, self.device)
-        self.loss_fn = loss_fn or nn.functional.cross_entropy
         optimizer = optimizer or make_optimizer(config, self.model)
-        self.progress = Progress()
+        self.progress = Progress(stats=self.metrics.zeros())
         # One-worker LRs as the user built them; a resumed optimizer state carries the scheduled ones.
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]
-
         # Rank 0 decides the run directory and reads any checkpoint; every rank learns the verdict,
         # so none waits alone, and nothing is written before all input checks passed.
         plan = plan_run_dir(config) if world.is_root else None
@@ -105,15 +112,20 @@ class Trainer:
         self.check_loss = bool(config.nonfinite_limit) and not self.steps_in_backward and self.scaler is None
         self.run_path: str | None = None
         self.log: RunLog | None = None
+        self.world = world
+        self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
+        self.loader = build_loader(train_data, None if self.streaming else self.sampler, config, world.rank,
+                                   self.device)
+        self._fit_to_world(world)
+        self.history = History()
+        self.after_epoch: AfterEpoch | None = None
+        self.elastic: ElasticRun | None = None
         if config.elastic:
-            # Horovod elastic: a worker that joins a running job calls nothing collective before the
-            # state's first sync, which is the only call the running workers make with it. So rank 0's
-            # verdict and checkpoint ride in the elastic state (see _adopt_start), and no broadcast here.
-            self._start: dict[str, Any] = {"plan": plan, "resume": None}
-            self._own_stats: torch.Tensor | None = None
-            if plan is not None and config.resume and not plan["error"]:  # rank 0 only
-                # Weights and optimizer state now (the sync hands them to all); progress after the sync.
-                self._start["resume"] = read_on_root(config, plan["path"], self.model, self.optimizer)
+            # Horovod elastic: no collective call here (a joining worker makes none before the first sync).
+            start: dict[str, Any] = {"plan": plan, "resume": None}
+            if plan is not None and config.resume and not plan["error"]:  # rank 0: weights now, progress later
+                start["resume"] = read_on_root(config, plan["path"], self.model, self.optimizer)
+            self.elastic = ElasticRun(self, start)
         else:
             plan = dist.broadcast_object(plan, name="run_dir_plan")
             if plan["error"]:
@@ -122,18 +134,43 @@ class Trainer:
             resumed = resume_state(config, self.run_path, self.model, self.optimizer, self.progress, world,
                                    self.scaler)
             dist.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
-            self.log = RunLog(self.run_path, config) if world.is_root and self.run_path else None
-            if self.log and resumed:
-                print(f"hvdtrain: {resumed}", flush=True)
+            self._open_log(resumed)
 
-        self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
-        self.loader = build_loader(train_data, self.sampler, config, world.rank, self.device)
-        self._fit_to_world()
-        self.history = History()
-        self.after_epoch: Callable[[dict[str, Any]], bool] | None = None
+    def _check_first_batch(self, batch: Any, metrics: Sequence[str | Metric] | None) -> MetricSet:
+        """One step on a small batch, before anything is written: an unsupported batch, output, loss or
+        metric is a one-line UserError on every rank alike. Returns the metrics' layout."""
+        config = self.config
+        with checkpoint.rng_preserved(), torch.no_grad(), autocast(config.precision, self.device):
+            self.model.eval()
+            try:
+                out = check_step(self.model, to_device(batch, self.device), self.loss_fn, self.step_fn)
+            finally:
+                self.model.train()
+        names = [m.strip() for m in config.metrics.split(",") if m.strip()] if metrics is None else list(metrics)
+        chosen: list[Metric] = []
+        for item in names:
+            if item == "auto":
+                chosen += auto_metrics(out.outputs, out.targets) if self.step_fn is None else []
+            else:
+                chosen.append(by_name(item) if isinstance(item, str) else item)
+        for metric in chosen:
+            if out.outputs is None:
+                raise UserError(f"metric {metric.name} needs the default step's outputs and targets; with "
+                                "step_fn, return it as a value: (loss, {'" + metric.name + "': value})")
+            try:
+                metric.sums(out.outputs.detach(), out.targets)
+            except Exception as err:
+                raise UserError(f"metric {metric.name} does not fit outputs {tuple(out.outputs.shape)} and "
+                                f"targets {getattr(out.targets, 'shape', type(out.targets).__name__)}: {err}; "
+                                "choose others with --metrics") from None
+        layout = MetricSet(chosen, sorted(out.extras))
+        known = [f"val_{name}" for name in layout.names]
+        if config.monitor and config.monitor not in known:
+            raise UserError(f"monitor {config.monitor} is not a held-out metric of this run; choose one of "
+                            f"{', '.join(known)}")
+        return layout
 
-    def fit(self, epochs: int | None = None, *, after_epoch: Callable[[dict[str, Any]], bool] | None = None
-            ) -> History:
+    def fit(self, epochs: int | None = None, *, after_epoch: AfterEpoch | None = None) -> History:
         """Train. The first call runs up to `epochs` (default config.epochs) epochs in all, continuing a
         resumed run; each later call trains that many more.
 
@@ -141,154 +178,117 @@ class Trainer:
             after_epoch: called on every rank after each finished epoch with that epoch's record
                 (metrics, the same on every rank); returning True stops training there. Its answer
                 must be the same on every rank (e.g. rank 0's verdict, broadcast).
-
         Returns:
             The History of the epochs trained (rank 0's metrics, the same on every rank).
         """
-        config, p = self.config, self.progress
+        p = self.progress
         self.after_epoch = after_epoch
         first_call = not self.history
-        end_epoch = (epochs or config.epochs) + (0 if first_call else p.epoch)
+        end_epoch = (epochs or self.config.epochs) + (0 if first_call else p.epoch)
         if not first_call:
             p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
         start = time.perf_counter()
-        if config.elastic:
-            state = dist.elastic_state(self.model, self.optimizer, start=self._start, **p.values())
-            state.register_reset_callbacks([lambda: self._on_reset(state)])
-            dist.run_elastic(self._train)(state, end_epoch)
-            for name in Progress.FIELDS:
-                setattr(p, name, getattr(state, name))
-            self._start = state.start
+        if self.elastic:
+            self.progress = self.elastic.run(p, end_epoch)
         else:
             self._check_work_left(p, end_epoch)
-            self._announce()
             self._train(p, end_epoch)
         self._finish(time.perf_counter() - start)
         return self.history
 
-    def _check_work_left(self, p: Any, end_epoch: int) -> None:
+    def _train(self, p: Progress, end_epoch: int) -> None:
+        """The loop, from wherever `p` says training stands."""
         config = self.config
-        if (not p.position and p.epoch >= end_epoch) or (config.max_steps and p.step >= config.max_steps):
-            raise UserError(f"nothing to do: the run already finished {p.epoch} of {end_epoch} epochs "
-                            f"({p.step} steps); raise --epochs (or --max-steps) to train longer")
-
-    def _announce(self) -> None:
-        if self.log:
-            print(f"hvdtrain: {self.world.size} worker(s), {len(self.train_data)} train / "
-                  f"{len(self.val_data) if self.val_data is not None else 0} held-out samples, LR x"
-                  f"{self.lr_scale:g} ({self.config.lr_scaling}), run dir {self.log.path}\n{to_yaml(self.config)}",
-                  flush=True)
-
-    def _adopt_start(self, p: Any, end_epoch: int) -> None:
-        """Elastic, after every (re)start of the loop: act on what rank 0 decided before the first sync."""
-        plan, found = p.start["plan"], p.start["resume"]
-        # Metric sums are per rank: a survivor keeps its own, a worker that just joined starts from zero.
-        p.stats = self._own_stats if self._own_stats is not None else torch.zeros(3, dtype=torch.float64)
-        self._own_stats = None
-        if plan["error"]:
-            raise UserError(plan["error"])        # on every rank at once: the verdict came by broadcast
-        self.run_path = plan["path"]
-        resumed = None
-        if found is not None:
-            resumed = apply_resume(found, p, self.world, self.scaler)
-            p.start = {"plan": plan, "resume": None}  # once: a worker joining later takes the synced state
-            self._check_work_left(p, end_epoch)
-        if self.world.is_root and self.log is None and self.run_path:
-            self.log = RunLog(self.run_path, self.config)  # rank 0 may be another process than at the start
-            self._announce()
-            if resumed:
-                print(f"hvdtrain: {resumed}", flush=True)
-        # Horovod commits only in commit(): without this, a failure before the first commit would restore
-        # each worker's own pre-sync weights (and a resumed run's progress without its weights).
-        p.save()
-
-    def _train(self, p: Any, end_epoch: int) -> None:
-        """The loop. `p` is a Progress, or Horovod's elastic state with the same fields."""
-        config = self.config
-        if config.elastic:
-            self._adopt_start(p, end_epoch)
         # Planned here, not once: after an elastic reset the same epochs take a different number of steps.
         done_this_epoch = -(-p.position // (config.batch_size * config.accumulate * self.world.size))
         todo = (end_epoch - p.epoch) * self.steps_per_epoch - done_this_epoch
         if config.max_steps:
             todo = min(todo, config.max_steps - p.step)
         total_steps = p.fit_step + todo
-        warmup_steps = round(config.warmup_epochs * self.steps_per_epoch)
-        bar = None
-        if self.world.is_root and show_progress():
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=total_steps, initial=p.fit_step, unit="step", leave=False)
+        console.open_bar(config.progress_bar, total_steps, p.fit_step)
         self.model.train()
-        lr_factor = 1.0
-        while (p.epoch < end_epoch and not (config.max_steps and p.step >= config.max_steps)
-               and not patience_exhausted(p.epoch, p.best_epoch, config.patience)):
-            # Horovod: every rank shuffles alike (seed + epoch) and resumes at the same global position.
-            self.sampler.set_epoch(p.epoch, start=p.position)
-            shard_len, epoch_start, epoch_steps = len(self.sampler), time.perf_counter(), 0
-            for micro, (inputs, targets) in enumerate(self.loader):
-                if micro % config.accumulate == 0:         # a step's first micro-batch
-                    lr_factor = lr_at(p.fit_step, 1.0, self.lr_scale, warmup_steps, total_steps, config.lr_decay)
-                    for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-                        group["lr"] = base_lr * lr_factor
-                    self.optimizer.zero_grad()  # torch 2.x sets grads to None (Horovod's wrapper takes no args)
-                    step_stats = torch.zeros(3, dtype=torch.float64, device=self.device)
-                inputs = inputs.to(self.device, non_blocking=True)
-                targets = targets.to(self.device, non_blocking=True)
-                with autocast(config.precision, self.device):
-                    outputs = self.model(inputs)
-                    loss = self.loss_fn(outputs, targets)
-                # Each micro-batch weighs its share of the step's samples: K batches of b make one of K*b.
-                weight = len(targets) / step_samples(micro, config.batch_size, config.accumulate, shard_len)
-                share = loss if weight == 1.0 else loss * weight
-                step_stats += batch_stats(loss.detach(), outputs.detach(), targets)
-                last_micro = (micro + 1) % config.accumulate == 0 or micro + 1 == len(self.loader)
-                # Horovod: a step's last backward starts the allreduces; earlier ones add up gradients locally.
-                (self.scaler.scale(share) if self.scaler else share).backward()
-                p.position += len(targets) * self.world.size
-                if not last_micro:
-                    continue                                # more micro-batches before this step
-                loss_flag = None
-                if self.check_loss:
-                    # Horovod: non-finite loss on any rank -> skip on all; rides in the gradients' last allreduce.
-                    loss_flag = dist.nonfinite_flag_async(step_stats[:1], "step_loss",
-                                                          config.gradient_predivide_factor)
-                if self._step(p, loss_flag):
-                    p.stats = p.stats + step_stats.cpu()
-                p.step += 1
-                p.fit_step += 1
-                epoch_steps += 1
-                if bar:
-                    bar.update()
-                if p.step % config.log_interval == 0:
-                    self._log_interval(p, lr_factor, bar)
-                if config.checkpoint_steps and p.step % config.checkpoint_steps == 0:
+        try:
+            while (p.epoch < end_epoch and not (config.max_steps and p.step >= config.max_steps)
+                   and not patience_exhausted(p.epoch, p.best_epoch, config.patience)):
+                epoch_start = time.perf_counter()
+                steps, seen, lr_factor = self._run_epoch(p, total_steps)
+                finished = p.position >= len(self.train_data)
+                self._end_epoch(p, lr_factor, time.perf_counter() - epoch_start, steps, seen)
+                if finished and config.monitor:
+                    self._judge(p)
+                if finished and self.after_epoch is not None and self.after_epoch(self.history[-1]):
+                    end_epoch = p.epoch + 1                 # asked to stop: this epoch is the last
+                if finished:
+                    p.epoch, p.position, p.stats = p.epoch + 1, 0, self.metrics.zeros()
+                if finished and config.checkpoint_epochs and p.epoch % config.checkpoint_epochs == 0:
                     self._checkpoint(p)
-                if config.elastic and p.step % config.commit_steps == 0:
-                    p.commit()                              # Horovod: may raise to admit new hosts
-                if config.max_steps and p.step >= config.max_steps:
-                    break
-            finished_epoch = p.position >= len(self.train_data)
-            self._end_epoch(p, lr_factor, time.perf_counter() - epoch_start, epoch_steps, bar)
-            if finished_epoch and config.monitor:
-                self._judge(p)
-            if finished_epoch and self.after_epoch is not None and self.after_epoch(self.history[-1]):
-                end_epoch = p.epoch + 1     # asked to stop: this epoch is the last
-            if finished_epoch:
-                p.epoch, p.position = p.epoch + 1, 0
-                p.stats = torch.zeros(3, dtype=torch.float64)
-            if finished_epoch and config.checkpoint_epochs and p.epoch % config.checkpoint_epochs == 0:
-                self._checkpoint(p)
-            if config.elastic:
-                p.commit()
-        if bar:
-            bar.close()
+                if self.elastic:
+                    self.elastic.commit(p)
+        finally:
+            console.close_bar()
 
-    def _step(self, p: Any, loss_flag: Any) -> bool:
+    def _run_epoch(self, p: Progress, total_steps: int) -> tuple[int, int, float]:
+        """Train the rest of epoch p.epoch (or up to max_steps). Returns (steps, samples seen here, LR factor)."""
+        config = self.config
+        warmup_steps = round(config.warmup_epochs * self.steps_per_epoch)
+        # Horovod: every rank shuffles alike (seed + epoch) and resumes at the same global position.
+        self._start_epoch(p)
+        shard_len = self._shard_len()
+        batches = -(-shard_len // config.batch_size)
+        steps = seen = 0
+        lr_factor = 1.0
+        step_stats = self.metrics.zeros(self.device)
+        for micro, batch in enumerate(self.loader):
+            if micro % config.accumulate == 0:              # a step's first micro-batch
+                lr_factor = lr_at(p.fit_step, 1.0, self.lr_scale, warmup_steps, total_steps, config.lr_decay)
+                for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+                    group["lr"] = base_lr * lr_factor
+                self.optimizer.zero_grad()  # torch 2.x sets grads to None (Horovod's wrapper takes no args)
+                step_stats = self.metrics.zeros(self.device)
+            with autocast(config.precision, self.device):
+                out = run_step(self.model, to_device(batch, self.device), self.loss_fn, self.step_fn)
+            # Each micro-batch weighs its share of the step's samples: K batches of b make one of K*b.
+            weight = out.n / step_samples(micro, config.batch_size, config.accumulate, shard_len)
+            share = out.loss if weight == 1.0 else out.loss * weight
+            step_stats += self.metrics.batch_sums(out.loss, out.n, out.extras, out.outputs, out.targets)
+            # Horovod: a step's last backward starts the allreduces; earlier ones add up gradients locally.
+            (self.scaler.scale(share) if self.scaler else share).backward()
+            p.position += out.n * self.world.size
+            seen += out.n
+            if (micro + 1) % config.accumulate and micro + 1 != batches:
+                continue                                    # more micro-batches before this step
+            if self._step(p, step_stats):
+                p.stats = p.stats + step_stats.cpu()
+            p.step, p.fit_step, steps = p.step + 1, p.fit_step + 1, steps + 1
+            console.advance()
+            if p.step % config.log_interval == 0:
+                self._log_interval(p, lr_factor)
+            if config.checkpoint_steps and p.step % config.checkpoint_steps == 0:
+                self._checkpoint(p)
+            if self.elastic and p.step % config.commit_steps == 0:
+                self.elastic.commit(p)                      # Horovod: may raise to admit new hosts
+            if config.max_steps and p.step >= config.max_steps:
+                break
+        return steps, seen, lr_factor
+
+    def _start_epoch(self, p: Progress) -> None:
+        if self.streaming:
+            self.train_data.set_epoch(p.epoch, start=p.position)
+        else:
+            self.sampler.set_epoch(p.epoch, start=p.position)
+
+    def _shard_len(self) -> int:
+        return self.train_data.shard_len() if self.streaming else len(self.sampler)
+
+    def _step(self, p: Progress, step_stats: torch.Tensor) -> bool:
         """Apply the step's gradients, the same on every rank; False when skipped as non-finite."""
         if self.steps_in_backward:
             self.optimizer.step()                           # Horovod: combines the Adasum deltas from backward
             return True
+        loss_flag = None
+        if self.check_loss:
+            # Horovod: non-finite loss on any rank -> skip on all; rides in the gradients' last allreduce.
+            loss_flag = dist.nonfinite_flag_async(step_stats[:1], "step_loss", self.config.gradient_predivide_factor)
         self.optimizer.synchronize()                        # Horovod: averaged gradients, equal on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
@@ -305,7 +305,7 @@ class Trainer:
             self.scaler.update()                            # halve the loss scale after an overflow
         return applied
 
-    def _gradients_finite(self, p: Any) -> bool:
+    def _gradients_finite(self, p: Progress) -> bool:
         """fp16: the unscaled gradients decide (an overflow leaves the loss finite). They are identical on
         every rank after the allreduce, so every rank reaches the same verdict."""
         if not self.config.nonfinite_limit:
@@ -319,7 +319,7 @@ class Trainer:
             return False  # fp16 overflow at a large loss scale: routine, the scaler halves the scale
         return self._finite(p, finite, "gradients")
 
-    def _finite(self, p: Any, finite: bool, what: str) -> bool:
+    def _finite(self, p: Progress, finite: bool, what: str) -> bool:
         """Count a non-finite step (the verdict is the same on every rank); abort after too many in a row."""
         if finite:
             p.nonfinite = 0
@@ -334,37 +334,51 @@ class Trainer:
                             "--nonfinite-limit")
         return False
 
-    def _log_interval(self, p: Any, lr_factor: float, bar: Any) -> None:
-        # Horovod: one allreduce per log interval, not per step; it also carries any stop request.
-        total = dist.allreduce_sum(torch.cat([p.stats, torch.tensor([float(STOP.signum)])]), name="train_stats")
-        record = {"kind": "train", "epoch": p.epoch, "step": p.step, "lr": self.base_lrs[0] * lr_factor,
-                  "loss": ratio(total[0], total[2]), "acc": ratio(total[1], total[2])}
-        if self.log:
-            self.log.metrics(record)
-        if bar and record["loss"] is not None:
-            bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
-        if total[3] > 0:
-            self._stop(p, int(total[3].item()) // self.world.size or int(total[3].item()))
+    def _reduce(self, p: Progress, name: str, seen: int = 0) -> tuple[torch.Tensor, int, int]:
+        """Horovod: ONE allreduce of this rank's sums, its stop request and its samples seen.
+        Returns (summed metric sums, the signal all ranks agree on, samples seen by all)."""
+        size = self.metrics.size
+        extra = torch.tensor([*stop_flags(STOP.signum), float(seen)], dtype=torch.float64)
+        total = dist.allreduce_sum(torch.cat([p.stats, extra]), name=name)
+        return total[:size], agreed_signal(total[size:size + 2].tolist()), int(total[size + 2].item())
 
-    def _end_epoch(self, p: Any, lr_factor: float, seconds: float, steps: int, bar: Any) -> None:
-        total = dist.allreduce_sum(torch.cat([p.stats, torch.tensor([float(STOP.signum)])]), name="epoch_stats")
+    def _log_interval(self, p: Progress, lr_factor: float) -> None:
+        total, signum, _ = self._reduce(p, "train_stats")   # one allreduce per log interval, not per step
+        values = self.metrics.values(total)
+        if self.log:
+            self.log.metrics({"kind": "train", "epoch": p.epoch, "step": p.step,
+                              "lr": self.base_lrs[0] * lr_factor, **values})
+        console.advance_postfix(values["loss"])
+        if signum:
+            self._stop(p, signum)
+
+    def _end_epoch(self, p: Progress, lr_factor: float, seconds: float, steps: int, seen: int) -> None:
+        total, signum, seen_all = self._reduce(p, "epoch_stats", seen)
+        # Horovod: one set of BatchNorm statistics for evaluation and the saved model (SyncBatchNorm keeps
+        # them equal already).
+        dist.average_buffers(self.float_buffers)
         record = {"kind": "epoch", "epoch": p.epoch, "step": p.step, "lr": self.base_lrs[0] * lr_factor,
-                  "train_loss": ratio(total[0], total[2]), "train_acc": ratio(total[1], total[2]),
-                  **self.evaluate(), "samples_per_s": float(total[2].item()) / seconds, "epoch_time_s": seconds,
+                  **self.metrics.values(total, prefix="train_"), "train_samples": int(total[1].item()),
+                  **self.evaluate(),
+                  # samples trained in this process's run of the epoch: not those restored from a checkpoint
+                  "samples_per_s": seen_all / seconds if seconds else 0.0, "epoch_time_s": seconds,
                   "step_time_s": seconds / steps if steps else None}
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
             self.history[-1] = record  # elastic: the epoch's end was redone after a failure
         else:
             self.history.append(record)
         if self.log:
-            self.log.epoch(record, bar)
-        if total[3] > 0:
-            self._stop(p, int(total[3].item()) // self.world.size or int(total[3].item()))
+            self.log.metrics(record)
+        console.epoch_row(record, header=len(self.history) == 1)
+        if signum:
+            self._stop(p, signum)
 
-    def _judge(self, p: Any) -> None:
+    def _judge(self, p: Progress) -> None:
         """Best weights and early stopping on config.monitor, after each finished epoch."""
-        value = self.history[-1].get(self.config.monitor)
-        verdict = (improved(self.config.monitor, p.best, value), value) if self.world.is_root else None
+        monitor = self.config.monitor
+        value = self.history[-1].get(monitor)
+        verdict = (improved(p.best, value, self.metrics.higher_is_better(monitor)), value) \
+            if self.world.is_root else None
         # Horovod: rank 0's verdict for all, so every rank stops at the same epoch.
         better, value = dist.broadcast_object(verdict, name="monitor")
         if better:
@@ -372,39 +386,64 @@ class Trainer:
             if self.log:
                 self.log.best(self.model)
 
-    def _stop(self, p: Any, signum: int) -> None:
+    def _stop(self, p: Progress, signum: int) -> None:
         saved = self._checkpoint(p) if self.config.checkpoint_on_stop else None
         raise Stopped(signum, p.step, saved)
 
-    def _checkpoint(self, p: Any) -> str | None:
+    def _checkpoint(self, p: Progress) -> str | None:
         """A collective: every rank contributes its RNG state and metric sums; rank 0 writes."""
         if not self.run_path:
             return None
         per_rank = dist.allgather_object((checkpoint.rng_state(), p.stats), name="checkpoint_gather")
         path = None
         if self.world.is_root:
-            progress = {name: getattr(p, name) for name in Progress.FIELDS if name != "stats"}
             path = checkpoint.save(checkpoint.checkpoint_dir(self.run_path), p.step, {
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "progress": progress, "world_size": self.world.size, "rng": [r for r, _ in per_rank],
-                "stats": [s for _, s in per_rank], "config": self.config.to_dict(),
+                "progress": p.values(stats=False), "world_size": self.world.size,
+                "rng": [r for r, _ in per_rank], "stats": [s for _, s in per_rank], "config": self.config.to_dict(),
                 **({"scaler": self.scaler.state_dict()} if self.scaler else {})}, self.config.keep_checkpoints)
         return str(path) if path else None
 
-    def _on_reset(self, state: Any) -> None:
-        """Elastic: workers joined or left. Re-shard the rest of the epoch and rescale the LR."""
-        # This rank's own metric sums (restored to the last commit after a failure): the sync that
-        # follows hands every rank rank 0's, which would count rank 0's share once per worker.
-        self._own_stats = state.stats
-        self.world = dist.world()
-        self.sampler.reshard(self.world.rank, self.world.size)
-        self._fit_to_world()
+    def _check_work_left(self, p: Progress, end_epoch: int) -> None:
+        config = self.config
+        if (not p.position and p.epoch >= end_epoch) or (config.max_steps and p.step >= config.max_steps):
+            raise UserError(f"nothing to do: the run already finished {p.epoch} of {end_epoch} epochs "
+                            f"({p.step} steps); raise --epochs (or --max-steps) to train longer")
 
-    def _fit_to_world(self) -> None:
+    def _open_log(self, resumed: str | None) -> None:
+        """Rank 0: the run directory (if any) and the banner; once per process."""
+        if not self.world.is_root or self.log is not None or getattr(self, "_announced", False):
+            return
+        self._announced = True
+        if self.run_path:
+            self.log = RunLog(self.run_path, self.config)
+        console.banner(self._banner())
+        if resumed:
+            console.line(f"hvdtrain: {resumed}")
+
+    def _banner(self) -> list[str]:
+        config, world = self.config, self.world
+        held_out = len(self.val_data) if self.val_data is not None else 0
+        changed = config.changed()
+        keys = " ".join(f"{k}={v}" for k, v in changed.items()) if changed else "all defaults"
+        where = f"run dir {self.run_path}" if self.run_path else "no run dir (run_dir '')"
+        return [f"{world.size} worker(s) ({dist.backend_name()}, {self.device.type}), {len(self.train_data)} train / "
+                f"{held_out} held-out samples, batch {config.batch_size}/worker, LR x{self.lr_scale:g} "
+                f"({config.lr_scaling})",
+                f"config: {keys}" + (f"; full config in {self.run_path}/config.yaml" if self.run_path else ""),
+                where]
+
+    def _fit_to_world(self, world: dist.World) -> None:
         """What follows from the number of workers: set at the start and after every elastic resize."""
-        size, config = self.world.size, self.config
-        self.steps_per_epoch = steps_per_epoch(len(self.train_data), size, config.batch_size, config.accumulate)
-        self.lr_scale = scaled_lr(1.0, size, config.lr_scaling)
+        config = self.config
+        self.world = world
+        if self.streaming:
+            self.train_data.set_shard(world.rank, world.size)
+        else:
+            self.sampler.reshard(world.rank, world.size)
+        self.steps_per_epoch = steps_per_epoch(len(self.train_data), world.size, config.batch_size,
+                                               config.accumulate)
+        self.lr_scale = scaled_lr(1.0, world.size, config.lr_scaling)
 
     def _finish(self, wall: float) -> None:
         p = self.progress
@@ -412,23 +451,33 @@ class Trainer:
         per_rank = dist.allgather_object((p.step, param_digest(self.model)), name="final_state")
         last = self.history[-1] if self.history else {}
         seen = sum(r["samples_per_s"] * r["epoch_time_s"] for r in self.history)
-        self.history.summary = {**last, "kind": "summary", "epochs_run": len(self.history), "steps": p.step,
-                                "skipped_steps": p.skipped, "workers": self.world.size,
-                                "samples_per_s": seen / wall, "wall_time_s": wall,
-                                "rank_steps": [s for s, _ in per_rank],
-                                "param_digests": [d for _, d in per_rank], "run_dir": self.run_path}
+        summary = {**last, "kind": "summary", "epochs_run": len(self.history), "steps": p.step,
+                   "skipped_steps": p.skipped, "workers": self.world.size, "samples_per_s": seen / wall,
+                   "wall_time_s": wall, "rank_steps": [s for s, _ in per_rank],
+                   "param_digests": [d for _, d in per_rank], "run_dir": self.run_path}
         if self.config.monitor:
-            self.history.summary.update(monitor=self.config.monitor, best=p.best, best_epoch=p.best_epoch,
-                                        stopped_early=patience_exhausted(p.epoch, p.best_epoch, self.config.patience))
+            summary.update(monitor=self.config.monitor, best=p.best, best_epoch=p.best_epoch,
+                           stopped_early=patience_exhausted(p.epoch, p.best_epoch, self.config.patience))
+        self.history.summary = summary
         if self.log:
             self.log.finish(self.history, self.model)
+        if self.config.monitor and p.best_epoch >= 0:
+            how = "stopped early; " if summary["stopped_early"] else ""
+            console.line(f"hvdtrain: {how}best {self.config.monitor} {p.best:.4f} at epoch {p.best_epoch + 1}"
+                         + (f" -> {self.run_path}/best.pt" if self.run_path else ""))
+        metrics = "  ".join(f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val_") and k != "val_samples"
+                            and isinstance(v, float))
+        console.line(f"hvdtrain: done  {self.world.size} worker(s)  {len(self.history)} epochs  {p.step} steps  "
+                     f"{metrics}  {summary['samples_per_s']:.0f} samples/s  wall {wall:.1f} s"
+                     + (f"  -> {self.run_path}" if self.run_path else ""))
 
     def evaluate(self, data: Any = None) -> dict[str, Any]:
-        """Loss and accuracy over `data` (default: the held-out set), each sample counted once."""
+        """Loss and metrics over `data` (default: the held-out set) as val_*, each sample counted once."""
         data = self.val_data if data is None else data
         if data is None:
             return {}
-        return evaluate(self.model, data, self.loss_fn, self.world, self.config.eval_batch_size, self.device)
+        return evaluate(self.model, data, self.loss_fn, self.step_fn, self.metrics, self.world,
+                        self.config.eval_batch_size, self.device)
 
     def predict(self, data: Any) -> torch.Tensor:
         """Model outputs for every sample of `data`, in order, on every rank (computed sharded)."""
@@ -447,5 +496,6 @@ def fit(config: TrainConfig) -> History:
     """
     torch.manual_seed(config.seed)
     data = build_data(config)
-    model = build_model(config, tuple(data.train[0][0].shape), data.num_classes)
+    model = build_model(config, input_shape(data.train), data.num_classes)
     return Trainer(model, data.train, data.val, config=config).fit()
+

@@ -39,6 +39,7 @@ class Probe(nn.Module):
             time.sleep(self.sleep)
             with open(f"{self.log}.{os.getpid()}", "a") as handle:
                 handle.write(json.dumps({"t": time.time(), "call": int(self.calls),
+                                         "rank": os.environ.get("HOROVOD_RANK"),
                                          "idx": x[:, -1].long().tolist()}) + "\n")
         return self.inner(x[:, :-1])
 

@@ -8,18 +8,18 @@ from __future__ import annotations
 import json
 import math
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from hvdtrain.config.train_config import FIELD_TYPES, load_config
-from hvdtrain.data.datasets import build_data, step_samples, steps_per_epoch
+from hvdtrain.data.datasets import build_data
+from hvdtrain.data.sharding import step_samples, steps_per_epoch
 from hvdtrain.distributed import dist
 from hvdtrain.errors import ConfigError, UserError
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train.components import autocast
 from hvdtrain.train.early_stopping import improved, patience_exhausted
+from hvdtrain.train.precision import autocast
 from hvdtrain.train.trainer import Trainer, fit
 
 # --- tier 1: no Horovod -------------------------------------------------------------------------------
@@ -37,7 +37,7 @@ from hvdtrain.train.trainer import Trainer, fit
      "gradient_predivide_factor applies only to op average"),
     (["--op", "adasum", "--lr-scaling", "none", "--precision", "fp16"], "cannot be combined with op adasum"),
     (["--gradient-predivide-factor", "0"], "gradient_predivide_factor must be > 0"),
-    (["--monitor", "val_f1"], "monitor must be one of , val_acc, val_loss"),
+    (["--monitor", "f1"], "monitor must name a held-out metric such as val_acc or val_loss, got 'f1'"),
     (["--patience", "3"], "patience needs a metric to watch: add --monitor val_acc or --monitor val_loss"),
     (["--patience", "-1", "--monitor", "val_acc"], "patience must be >= 0"),
     (["--stall-check-s", "-5"], "stall_check_s must be >= 0"),
@@ -81,10 +81,10 @@ def test_accumulation_steps_and_micro_batch_shares():
 
 
 def test_monitor_direction_and_patience():
-    assert improved("val_acc", math.nan, 0.1) and improved("val_loss", math.nan, 9.0)
-    assert improved("val_acc", 0.5, 0.6) and not improved("val_acc", 0.5, 0.5)
-    assert improved("val_loss", 0.5, 0.4) and not improved("val_loss", 0.5, 0.6)
-    assert not improved("val_acc", 0.5, None) and not improved("val_acc", 0.5, math.nan)
+    assert improved(math.nan, 0.1, True) and improved(math.nan, 9.0, False)
+    assert improved(0.5, 0.6, True) and not improved(0.5, 0.5, True)
+    assert improved(0.5, 0.4, False) and not improved(0.5, 0.6, False)
+    assert not improved(0.5, None, True) and not improved(0.5, math.nan, True)
     # Best at epoch 0 (0-based), patience 2: epochs 1 and 2 fail to improve, stop after 3 epochs.
     assert not patience_exhausted(2, 0, 2) and patience_exhausted(3, 0, 2)
     assert not patience_exhausted(100, 0, 0) and not patience_exhausted(5, -1, 2)
@@ -100,11 +100,6 @@ def test_autocast_runs_matmuls_in_bf16_and_is_off_for_fp32():
 
 # --- tier 2: one real Horovod worker in this process ---------------------------------------------------
 
-
-@pytest.fixture
-def one_worker():
-    """Horovod stays initialised across tests: after MPI_Finalize, MPI cannot start again in a process."""
-    yield dist.init()
 
 
 MLP = ["--model", "mlp", "--epochs", "2", "--threads", "1"]
@@ -126,7 +121,7 @@ def test_an_elastic_reset_keeps_counting_steps_of_accumulated_micro_batches(one_
     trainer = Trainer(build_model(config, (1, 8, 8), 10), data.train, data.val, config=config)
     before = trainer.steps_per_epoch
     assert before == steps_per_epoch(len(data.train), 1, config.batch_size, accumulate=4)
-    trainer._on_reset(SimpleNamespace(stats=None))  # what Horovod calls after workers join or leave
+    trainer._fit_to_world(dist.world())  # what an elastic reset does after workers join or leave
     assert trainer.steps_per_epoch == before
 
 

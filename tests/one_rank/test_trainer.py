@@ -10,16 +10,9 @@ import yaml
 from conftest import ROOT
 
 from hvdtrain.config.train_config import load_config
-from hvdtrain.distributed import dist
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.train.trainer import fit
-
-
-@pytest.fixture
-def one_worker():
-    """Horovod stays initialised across tests: after MPI_Finalize, MPI cannot start again in a process."""
-    yield dist.init()
 
 
 def test_in_process_run_writes_a_complete_run_directory(tmp_path, one_worker):

@@ -9,10 +9,11 @@ import pytest
 import torch
 from conftest import ROOT, horovodrun, show
 
-from hvdtrain.cli.predict import interleave
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.data.datasets import build_data
 from hvdtrain.models.builtin import build_model
+from hvdtrain.train import checkpoint
+from hvdtrain.train.evaluation import interleave
 
 # 2002 samples, half held out: 1001 predictions, shards of 334/334/333 over 3 ranks.
 JOB = dict(dataset="synthetic", synthetic_samples=2002, val_fraction=0.5, synthetic_shape=(10,), model="mlp",
@@ -27,7 +28,7 @@ def trained(tmp_path_factory):
     data = build_data(config)
     torch.manual_seed(123)  # not the config seed: the file's weights, not a rebuilt init, must be used
     model = build_model(config, (10,), data.num_classes)
-    torch.save({"format": "hvdtrain-checkpoint-1", "model": model.state_dict(), "config": config.to_dict()},
+    torch.save({"format": checkpoint.FORMAT, "model": model.state_dict(), "config": config.to_dict()},
                root / "ckpt-000000010.pt")
     (root / "run").mkdir()
     torch.save(model.state_dict(), root / "run" / "model.pt")

@@ -2,24 +2,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import torch
-from conftest import BACKENDS, ROOT, horovodrun, show
-
-EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction", "0.2",
-         "--synthetic-shape", "1,8,8", "--model", "mlp", "--hidden", "32", "--lr", "0.05",
-         "--lr-scaling", "none", "--warmup-epochs", "0", "--max-steps", "12", "--log-interval", "4",
-         "--threads", "1"]
+from conftest import BACKENDS, EQUIV, equiv_one_process, horovodrun, show
 
 
 @BACKENDS
 def test_two_workers_by_two_stages_equal_one_process_with_the_global_batch(tmp_path, backend):
-    single = subprocess.run([sys.executable, "-m", "hvdtrain", *EQUIV, "--batch-size", "32",
-                             "--run-dir", str(tmp_path), "--name", "one"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, show(single)
+    equiv_one_process(tmp_path, "one")
     # Each worker: the MLP in 2 stages, 4 micro-batches of its 16 samples, loaded by 2 worker processes.
     proc = horovodrun(2, ["-m", "hvdtrain", *EQUIV, "--batch-size", "16", "--stages", "2", "--micro-batches", "4",
                           "--workers", "2", "--run-dir", str(tmp_path), "--name", "hybrid"], backend)

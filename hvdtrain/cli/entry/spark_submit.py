@@ -1,7 +1,7 @@
-"""`spark-submit ... hvdtrain/spark/entry/spark_submit.py [--num-proc N] [--config FILE] [--key value ...]`:
+"""`spark-submit ... hvdtrain/cli/entry/spark_submit.py [--num-proc N] [--config FILE] [--key value ...]`:
 
     spark-submit --master spark://HOST:7077 --conf spark.task.cpus=2 \\
-        $(python -c 'import hvdtrain.spark.entry.spark_submit as m; print(m.__file__)') --num-proc 4 --epochs 5
+        $(python -c 'import hvdtrain.cli.entry.spark_submit as m; print(m.__file__)') --num-proc 4 --epochs 5
 
 The same as `hvdtrain spark ...`.
 """

@@ -90,3 +90,29 @@ def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
     checkpoint.set_rng_state(checkpoint.load(tmp_path / "ckpt-000000001.pt")["rng"][0])
     assert torch.equal(torch.rand(3), expected[0])
     assert random.random() == expected[1] and np.random.rand() == expected[2]
+
+
+def test_in_process_resume_mid_epoch_equals_an_uninterrupted_run_and_counts_only_new_samples(tmp_path, one_worker):
+    """Resume on one in-process worker. Review defect: samples/s of a resumed epoch divided the samples
+    restored from the checkpoint too by the time of the new run alone."""
+    import json
+
+    from hvdtrain.config.train_config import load_config
+    from hvdtrain.train.trainer import fit
+
+    base = dict(model="mlp", epochs=2, threads=1, run_dir=str(tmp_path), checkpoint_steps=15, keep_checkpoints=9,
+                tensorboard=False)
+    fit(load_config(**base, name="whole"))
+    # 45 steps per epoch: step 60 is inside epoch 2, as if the run had been killed there.
+    middle = tmp_path / "whole" / "checkpoints" / "ckpt-000000060.pt"
+    resumed = fit(load_config(**base, name="cut", resume=str(middle)))
+    whole = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
+    cut = torch.load(tmp_path / "cut" / "model.pt", weights_only=True)
+    for key in whole:
+        torch.testing.assert_close(cut[key], whole[key], atol=1e-6, rtol=0)
+    last = resumed[-1]
+    assert last["epoch"] == 1 and len(resumed) == 1
+    # 1438 training samples; the checkpoint at step 60 had 15 batches of 32 of this epoch behind it.
+    assert last["samples_per_s"] * last["epoch_time_s"] == pytest.approx(1438 - 15 * 32)
+    summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert summary["steps"] == 90

@@ -148,9 +148,12 @@ def test_bad_resume_paths_are_one_line_errors_that_write_nothing(tmp_path, make_
     before = sorted(tmp_path.rglob("*"))
     proc = horovodrun(1, ["-m", "hvdtrain", "--resume", str(bad), "--run-dir", str(tmp_path / "runs"),
                           "--name", "x"], "gloo", timeout=120)
-    assert proc.returncode != 0 and f"hvdtrain: error: checkpoint {bad}" in proc.stdout + proc.stderr \
-        or message in proc.stdout + proc.stderr, show(proc)
-    assert message in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    # Each condition on its own (it was once `rc and a or b`, which passed whatever the exit code).
+    assert proc.returncode != 0, show(proc)
+    assert f"hvdtrain: error: checkpoint {bad} does not exist" in out or \
+        f"hvdtrain: error: {bad} is not a readable hvdtrain checkpoint" in out, show(proc)
+    assert message in out
     assert sorted(tmp_path.rglob("*")) == before
 
 

@@ -122,12 +122,12 @@ def test_default_job_on_two_spark_tasks_matches_horovodrun(spark, tmp_path):
 
 @needs_java
 def test_spark_submit_trains_a_plugin_with_the_entry_file(tmp_path):
-    """The cluster form, on a local master: spark-submit runs hvdtrain/spark/entry/spark_submit.py."""
+    """The cluster form, on a local master: spark-submit runs hvdtrain/cli/entry/spark_submit.py."""
     submit = Path(sys.executable).parent / "spark-submit"
     env = dict(os.environ, **SPARK_ENV, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]))
     proc = subprocess.run([str(submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
                            "--conf", f"spark.pyspark.python={sys.executable}",
-                           str(ROOT / "hvdtrain" / "spark" / "entry" / "spark_submit.py"), "--num-proc", "2",
+                           str(ROOT / "hvdtrain" / "cli" / "entry" / "spark_submit.py"), "--num-proc", "2",
                            "--model", "my_plugins:build_model", "--dataset", "my_plugins:build_dataset",
                            "--epochs", "30", "--lr", "0.1", "--run-dir", str(tmp_path), "--name", "rings"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -12,10 +12,7 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 from conftest import horovodrun, show
-
-pytestmark = pytest.mark.multirank
 
 
 def rank_counters(stdout: str) -> list[dict]:

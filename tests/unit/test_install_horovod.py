@@ -9,7 +9,7 @@ from pathlib import Path
 import install_horovod as ih
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_parse_version_handles_local_and_pre_release_tags():

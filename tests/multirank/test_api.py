@@ -69,7 +69,9 @@ def test_trainer_with_a_user_model_regression_loss_and_predict():
     config = hvdtrain.load_config(epochs=20, lr=0.05, batch_size=16, run_dir="", warmup_epochs=0)
     trainer = hvdtrain.Trainer(model, train, val, loss_fn=torch.nn.functional.mse_loss, config=config)
     history = trainer.fit()
-    assert history[-1]["val_loss"] < 1e-3 and history[-1]["val_acc"] is None
+    # Real-valued targets: MSE and MAE, not accuracy.
+    assert history[-1]["val_loss"] < 1e-3 and "val_acc" not in history[-1]
+    assert history[-1]["val_mse"] == pytest.approx(history[-1]["val_loss"], rel=1e-6) and history[-1]["val_mae"] < 0.05
     metrics = trainer.evaluate()
     assert metrics["val_samples"] == 60
     predictions = trainer.predict(val)

@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BACKENDS, ROOT, horovodrun, show
+from conftest import BACKENDS, EQUIV, equiv_one_process, horovodrun, show
 
 from hvdtrain.config.train_config import load_config
-from hvdtrain.data.datasets import steps_per_epoch
+from hvdtrain.data.sharding import steps_per_epoch
 from hvdtrain.models.builtin import build_model
 
 
@@ -19,19 +17,11 @@ def read_metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction", "0.2",
-         "--synthetic-shape", "1,8,8", "--model", "mlp", "--hidden", "32", "--lr", "0.05",
-         "--lr-scaling", "none", "--warmup-epochs", "0", "--max-steps", "12", "--log-interval", "4",
-         "--threads", "1"]
-
 
 @BACKENDS
 def test_two_workers_equal_one_worker_with_twice_the_batch(tmp_path, backend):
     """The test that proves data parallelism is right: same data order, same effective LR."""
-    single = subprocess.run([sys.executable, "-m", "hvdtrain", *EQUIV, "--batch-size", "32",
-                             "--run-dir", str(tmp_path), "--name", "one"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, show(single)
+    equiv_one_process(tmp_path, "one")
     proc = horovodrun(2, ["-m", "hvdtrain", *EQUIV, "--batch-size", "16", "--run-dir", str(tmp_path),
                           "--name", "two"], backend)
     assert proc.returncode == 0, show(proc)

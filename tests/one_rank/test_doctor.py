@@ -69,3 +69,17 @@ def test_doctor_exits_non_zero_when_the_torch_extension_is_missing(tmp_path):
     proc = doctor(_fake_horovod(tmp_path, {"pytorch": torch.__version__}))
     assert proc.returncode == 1
     assert "hvdtrain: error: Horovod's PyTorch extension is missing or broken" in proc.stdout
+
+
+def test_a_hanging_mpirun_is_reported_not_waited_on(tmp_path):
+    """Review defect: doctor ran `mpirun --version` without a timeout (a broken MPI hung it)."""
+    import time
+
+    from hvdtrain.cli.doctor import mpirun_version
+
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    start = time.monotonic()
+    assert "no answer from" in mpirun_version(str(fake), timeout=1)
+    assert time.monotonic() - start < 10

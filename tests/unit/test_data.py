@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data.distributed import DistributedSampler
 
 from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.data.datasets import build_data, check_fits, digits, eval_shard, steps_per_epoch, synthetic
+from hvdtrain.data.datasets import build_data, digits, synthetic
+from hvdtrain.data.sharding import ShardSampler, check_fits, eval_shard, steps_per_epoch
 from hvdtrain.errors import UserError
 
 
@@ -38,11 +38,15 @@ def test_eval_shards_cover_every_sample_exactly_once(n, size):
 
 @pytest.mark.parametrize("n, size, batch", [(1001, 2, 32), (1001, 3, 32), (1001, 3, 7), (5, 2, 1)])
 def test_every_rank_runs_the_same_number_of_steps(n, size, batch):
-    """DistributedSampler pads shards to equal length, so no rank waits in a lone allreduce."""
+    """hvdtrain's ShardSampler pads shards to equal length, so no rank waits in a lone allreduce (that it
+    matches torch's DistributedSampler is tested in test_checkpoint.py)."""
     counts = set()
     for rank in range(size):
-        sampler = DistributedSampler(range(n), num_replicas=size, rank=rank, shuffle=True, seed=0)
-        counts.add(-(-len(list(sampler)) // batch))
+        sampler = ShardSampler(n, rank, size, seed=0)
+        sampler.set_epoch(3, start=0)
+        shard = list(sampler)
+        assert len(shard) == len(sampler)
+        counts.add(-(-len(shard) // batch))
     assert counts == {steps_per_epoch(n, size, batch)}
 
 

@@ -10,8 +10,6 @@ from conftest import ROOT, show
 
 from benchmarks.run import launch, parse_args, ratios, variants
 
-pytestmark = pytest.mark.multirank
-
 
 def test_variants_alternate_and_cover_the_issue():
     two = [v["name"] for v in variants(2, ["gloo", "mpi"])]

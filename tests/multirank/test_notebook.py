@@ -29,3 +29,14 @@ def test_quickstart_runs_in_a_real_kernel_and_reaches_the_target(tmp_path):
     assert "val_acc" in first  # the in-process run printed its per-epoch table
     plots = [out for out in nb.cells[-2].outputs if "image/png" in out.get("data", {})]
     assert plots, "history.plot() drew no figure"
+
+
+def test_your_own_model_notebook_trains_an_image_folder_and_dict_batches(tmp_path):
+    nb = nbformat.read(ROOT / "examples" / "notebooks" / "your_own_model.ipynb", as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    images = re.search(r"images: held-out accuracy ([0-9.]+)", text)
+    batches = re.search(r"dict batches: held-out accuracy ([0-9.]+)", text)
+    assert images and batches, text[-2000:]
+    assert float(images.group(1)) >= 0.6 and float(batches.group(1)) >= 0.8

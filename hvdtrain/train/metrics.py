@@ -1,0 +1,200 @@
+"""Metrics that stay correct across workers: every metric is a vector of sums.
+
+Each batch adds its sums (no host sync); the sums of all metrics, the loss and the sample count
+travel in ONE float64 tensor, reduced with one Horovod allreduce per log interval and per
+evaluation. Sums (not averages) make unequal shards weigh correctly: the reduced value equals the
+single-process value exactly.
+
+A metric is any object with `name`, `size`, `higher_is_better`, `sums(outputs, targets)` and
+`value(sums)`; `hvdtrain.train.metrics.batch_mean(name, fn)` turns a per-batch mean function into one.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from hvdtrain.errors import UserError
+
+F64 = torch.float64
+
+
+class Metric(Protocol):
+    @property
+    def name(self) -> str:
+        """Reported as NAME (training) and val_NAME (held-out)."""
+        ...
+
+    @property
+    def size(self) -> int:
+        """How many sums it keeps."""
+        ...
+
+    @property
+    def higher_is_better(self) -> bool:
+        ...
+
+    def sums(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """float64 tensor of `size` sums for this batch (on the batch's device; no .item())."""
+        ...
+
+    def value(self, sums: torch.Tensor) -> float | None:
+        """The metric from sums over any number of batches and workers; None when undefined."""
+        ...
+
+
+def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> float | None:
+    if float(denominator) == 0:
+        return None
+    value = float(numerator / denominator)
+    return None if value != value else value
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Share of samples whose label is among the k highest outputs (k=1: accuracy)."""
+    k: int = 1
+    size: int = 2
+    higher_is_better: bool = True
+
+    @property
+    def name(self) -> str:
+        return "acc" if self.k == 1 else f"top{self.k}_acc"
+
+    def sums(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.k == 1:
+            hits = (outputs.argmax(1) == targets).sum()
+        else:
+            hits = (outputs.topk(self.k, dim=1).indices == targets.unsqueeze(1)).any(1).sum()
+        return torch.stack([hits.to(F64), torch.tensor(float(targets.shape[0]), dtype=F64, device=outputs.device)])
+
+    def value(self, sums: torch.Tensor) -> float | None:
+        return _ratio(sums[0], sums[1])
+
+
+@dataclass(frozen=True)
+class ErrorMean:
+    """Mean squared (power 2) or absolute (power 1) error over every element."""
+    name: str
+    power: int
+    size: int = 2
+    higher_is_better: bool = False
+
+    def sums(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        diff = (outputs.detach().to(F64) - targets.to(F64).reshape(outputs.shape))
+        total = (diff * diff).sum() if self.power == 2 else diff.abs().sum()
+        return torch.stack([total, torch.tensor(float(diff.numel()), dtype=F64, device=outputs.device)])
+
+    def value(self, sums: torch.Tensor) -> float | None:
+        return _ratio(sums[0], sums[1])
+
+
+@dataclass(frozen=True)
+class BatchMean:
+    """A user function giving a per-batch mean, weighted by the batch's samples."""
+    name: str
+    fn: Callable[[torch.Tensor, torch.Tensor], Any]
+    higher_is_better: bool = True
+    size: int = 2
+
+    def sums(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        n = float(targets.shape[0])
+        mean = torch.as_tensor(self.fn(outputs, targets), dtype=F64, device=outputs.device)
+        return torch.stack([mean.reshape(()) * n, torch.tensor(n, dtype=F64, device=outputs.device)])
+
+    def value(self, sums: torch.Tensor) -> float | None:
+        return _ratio(sums[0], sums[1])
+
+
+def batch_mean(name: str, fn: Callable[[torch.Tensor, torch.Tensor], Any], higher_is_better: bool = True) -> Metric:
+    """A metric from `fn(outputs, targets) -> mean over the batch`.
+
+    Example:
+        >>> f1ish = batch_mean("pos_rate", lambda out, y: (out.argmax(1) == 1).float().mean())
+        >>> hvdtrain.Trainer(model, train, val, metrics=["acc", f1ish])
+    """
+    return BatchMean(name, fn, higher_is_better)
+
+
+def by_name(name: str) -> Metric:
+    """acc, topK_acc (e.g. top5_acc), mse, mae."""
+    if name == "acc":
+        return TopK(1)
+    if match := re.fullmatch(r"top(\d+)_acc", name):
+        return TopK(int(match.group(1)))
+    if name in ("mse", "mae"):
+        return ErrorMean(name, 2 if name == "mse" else 1)
+    raise UserError(f"unknown metric '{name}'; built-ins are acc, topK_acc (e.g. top5_acc), mse, mae, "
+                    "or pass a metric object from Python (metrics=[...])")
+
+
+def auto_metrics(outputs: torch.Tensor | None, targets: Any) -> list[Metric]:
+    """What fits the task: accuracy for class labels, MSE and MAE for real-valued targets, else none."""
+    if outputs is None or not isinstance(targets, torch.Tensor):
+        return []
+    if outputs.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point():
+        return [TopK(1)]
+    if targets.is_floating_point() and targets.numel() == outputs.numel():
+        return [ErrorMean("mse", 2), ErrorMean("mae", 1)]
+    return []
+
+
+class MetricSet:
+    """The layout of the one stats tensor: [loss sum, samples, step_fn values x samples..., metric sums...].
+
+    Args:
+        metrics: metric objects (from the outputs and targets of the default step).
+        extras: names of the values a step_fn returns beside its loss (batch means).
+    """
+
+    def __init__(self, metrics: Sequence[Metric], extras: Sequence[str] = ()) -> None:
+        names = ["loss", *extras, *(m.name for m in metrics)]
+        if len(set(names)) != len(names):
+            raise UserError(f"metric names must be unique, got {names}")
+        self.metrics, self.extras = list(metrics), list(extras)
+        self.size = 2 + len(self.extras) + sum(m.size for m in self.metrics)
+
+    @property
+    def names(self) -> list[str]:
+        return ["loss", *self.extras, *(m.name for m in self.metrics)]
+
+    def zeros(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.zeros(self.size, dtype=F64, device=device)
+
+    def batch_sums(self, loss: torch.Tensor, n: int, extras: dict[str, torch.Tensor],
+                   outputs: torch.Tensor | None, targets: Any) -> torch.Tensor:
+        """This batch's row of sums; tensors stay on the device (no host sync)."""
+        device = loss.device
+        count = torch.tensor(float(n), dtype=F64, device=device)
+        parts = [loss.detach().to(F64).reshape(1) * n, count.reshape(1)]
+        parts += [torch.as_tensor(extras[name], device=device).detach().to(F64).reshape(1) * n
+                  for name in self.extras]
+        if self.metrics:
+            assert outputs is not None
+            detached = outputs.detach()
+            parts += [m.sums(detached, targets).reshape(m.size) for m in self.metrics]
+        return torch.cat(parts)
+
+    def values(self, total: torch.Tensor, prefix: str = "") -> dict[str, float | None]:
+        """Sums (reduced over batches and workers) -> {prefix+name: value}."""
+        count = total[1]
+        out = {f"{prefix}loss": _ratio(total[0], count)}
+        at = 2
+        for name in self.extras:
+            out[f"{prefix}{name}"] = _ratio(total[at], count)
+            at += 1
+        for metric in self.metrics:
+            out[f"{prefix}{metric.name}"] = metric.value(total[at:at + metric.size])
+            at += metric.size
+        return out
+
+    def higher_is_better(self, name: str) -> bool:
+        """Direction of a monitored metric (val_NAME or NAME); loss-like step_fn values improve downwards."""
+        bare = name.removeprefix("val_")
+        for metric in self.metrics:
+            if metric.name == bare:
+                return metric.higher_is_better
+        return not (bare == "loss" or "loss" in bare or "err" in bare)

@@ -1,0 +1,30 @@
+"""Where training stands: checkpoints and elastic commits save exactly this."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Progress:
+    epoch: int = 0
+    position: int = 0           # samples of this epoch's order processed by all ranks together
+    step: int = 0               # optimizer steps since the run began (skipped ones included)
+    fit_step: int = 0           # steps in the current fit() call; drives the LR schedule
+    nonfinite: int = 0          # consecutive steps skipped for non-finite gradients
+    skipped: int = 0            # all steps skipped for non-finite gradients
+    # This rank's metric sums for the epoch (layout: train.metrics.MetricSet). Replaced, never changed
+    # in place: an elastic commit keeps a reference to the committed value.
+    stats: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
+    best: float = math.nan      # best value of config.monitor so far
+    best_epoch: int = -1        # the epoch (0-based) that reached it; best.pt holds its weights
+
+    def values(self, *, stats: bool = True) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if stats or f.name != "stats"}
+
+    def copy(self) -> Progress:
+        return dataclasses.replace(self)
