@@ -266,8 +266,8 @@ def _student(source: Source, opts: CompressOptions) -> tuple[nn.Module, TrainCon
     torch.manual_seed(config.seed)
     try:
         student = build_model(config, source.input_shape, source.data.num_classes)
-    except UserError as err:
-        raise UserError(f"student {opts.student} does not fit the data: {err}") from None
+    except UserError as err:  # a plug-in that cannot be imported, a cnn for flat inputs, ...
+        raise UserError(f"student {opts.student}: {err}") from None
     except Exception as err:
         raise UserError(f"student {opts.student} cannot be built for inputs {source.input_shape}: "
                         f"{type(err).__name__}: {str(err)[:160]}") from None
