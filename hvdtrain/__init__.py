@@ -1,21 +1,23 @@
 """hvdtrain: a maintained Horovod trainer for PyTorch 2.x.
 
 The public API, for scripts and notebooks:
-    Trainer, fit, launch, tune, load_config, TrainConfig, History; errors in hvdtrain.errors;
+    Trainer, fit, launch, tune, compress, load_config, TrainConfig, History; errors in hvdtrain.errors;
     Spark in hvdtrain.spark (fit).
 
 Where things live: config/ (the one config), data/, models/, train/ (the loop), distributed/ (the one
 Horovod importer), output/ (console, run directory), launcher/ (workers from Python), cluster/
-(hostfiles, schedulers), spark/, tuning/ (Optuna search, `hvdtrain tune`), cli/ (the `hvdtrain` command).
+(hostfiles, schedulers), spark/, tuning/ (Optuna search, `hvdtrain tune`), compression/ (int8, pruning,
+distillation), cli/ (the `hvdtrain` command).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Trainer", "fit", "launch", "tune", "load_config", "TrainConfig", "History"]
+__all__ = ["Trainer", "fit", "launch", "tune", "compress", "load_config", "TrainConfig", "History"]
 
 if TYPE_CHECKING:  # what IDEs and mypy see; at run time the names load on first use (below)
+    from hvdtrain.compression.api import compress
     from hvdtrain.config.train_config import TrainConfig, load_config
     from hvdtrain.launcher.local import launch
     from hvdtrain.output.history import History
@@ -25,7 +27,7 @@ if TYPE_CHECKING:  # what IDEs and mypy see; at run time the names load on first
 _HOME = {"Trainer": "hvdtrain.train.trainer", "fit": "hvdtrain.train.trainer",
          "launch": "hvdtrain.launcher.local", "load_config": "hvdtrain.config.train_config",
          "TrainConfig": "hvdtrain.config.train_config", "History": "hvdtrain.output.history",
-         "tune": "hvdtrain.tuning.api"}
+         "tune": "hvdtrain.tuning.api", "compress": "hvdtrain.compression.api"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,6 @@
 """The `hvdtrain` command: `hvdtrain [train] [--config FILE] [--key value ...]`, and one module per other
-subcommand (predict, doctor, hosts, spark, tune). Exit codes: 0 done, 2 a user error (one line), 1 a crash,
-128+N stopped by signal N."""
+subcommand (predict, compress, tune, doctor, hosts, spark). Exit codes: 0 done, 2 a user error (one line),
+1 a crash, 128+N stopped by signal N."""
 from __future__ import annotations
 
 import sys
@@ -11,6 +11,7 @@ from hvdtrain.errors import UserError, peer_failure_of
 
 USAGE = """usage: hvdtrain [train] [--config FILE] [--key value ...]
        hvdtrain predict --checkpoint FILE --out FILE [--dataset NAME] [--split val|train] [--procs N]
+       hvdtrain compress RUN_DIR --method int8|prune|distill [--out DIR] [--np N] [options]
        hvdtrain doctor
        hvdtrain hosts check FILE | from-env [--format hostfile|H] [-o FILE]
        hvdtrain spark [--num-proc N] [--start-timeout S] [--config FILE] [--key value ...]
@@ -70,6 +71,9 @@ def _subcommand(name: str) -> Callable[[list[str]], int] | None:
     if name == "predict":
         from hvdtrain.cli.predict import main as predict
         return predict
+    if name == "compress":
+        from hvdtrain.cli.compress import main as compress
+        return compress
     if name == "spark":
         from hvdtrain.cli.spark import main as spark
         return spark

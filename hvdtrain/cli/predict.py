@@ -29,7 +29,8 @@ SPLITS = ("val", "train")
 def parse_args(args: list[str]) -> argparse.Namespace:
     parser = Parser("hvdtrain predict", __doc__)
     parser.add_argument("--checkpoint", required=True,
-                        help="runs/NAME/checkpoints/ckpt-STEP.pt, or runs/NAME/model.pt (config.yaml beside it)")
+                        help="runs/NAME/checkpoints/ckpt-STEP.pt, runs/NAME/model.pt (config.yaml beside it), or a "
+                             "compressed model: runs/NAME-int8/model.pt2 or that run directory")
     parser.add_argument("--out", required=True, help="output file: .pt (a tensor) or .npy")
     parser.add_argument("--dataset", default="", help="dataset to predict on (default: the one trained on)")
     parser.add_argument("--split", default="val", choices=SPLITS, help="which split of the dataset")
@@ -44,8 +45,20 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     return parsed
 
 
-def load_trained(path: str) -> tuple[dict[str, torch.Tensor], TrainConfig]:
-    """The weights and training config of a checkpoint, or of a model.pt with config.yaml beside it."""
+def load_trained(path: str) -> tuple[dict[str, torch.Tensor] | Path, TrainConfig]:
+    """The weights and training config of a checkpoint, or of a model.pt with config.yaml beside it.
+
+    A compressed model (`hvdtrain compress`) is a torch.export program, model.pt2, given as the file or its
+    run directory: then the first value is its path, loaded by each process that predicts.
+    """
+    file = Path(path)
+    if file.is_dir():
+        file = file / "model.pt2" if (file / "model.pt2").is_file() else file / "model.pt"
+        path = str(file)
+    if file.suffix == ".pt2" and file.is_file():
+        if not (file.parent / "config.yaml").is_file():
+            raise UserError(f"{file} has no config.yaml beside it to name the dataset")
+        return file, load_config(str(file.parent / "config.yaml"))
     weights, saved_config = checkpoint.read_weights(Path(path))
     if saved_config is not None:
         return weights, load_config(**saved_config)
@@ -55,14 +68,20 @@ def load_trained(path: str) -> tuple[dict[str, torch.Tensor], TrainConfig]:
     return weights, load_config(str(config_file))
 
 
-def predict_split(state: dict[str, torch.Tensor], config: TrainConfig, split: str, rank: int, size: int,
+def predict_split(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, rank: int, size: int,
                   batch_size: int) -> torch.Tensor:
     """Outputs for samples rank, rank+size, ... of the split (a pure function of its arguments)."""
     data = build_data(config)
     dataset = data.train if split == "train" else data.val
-    torch.manual_seed(config.seed)
-    model = build_model(config, input_shape(dataset), data.num_classes)
-    model.load_state_dict(state)
+    model: torch.nn.Module
+    if isinstance(state, Path):  # a compressed model, exported whole: no architecture to rebuild
+        from hvdtrain.compression.export import load_exported
+
+        model = load_exported(state)
+    else:
+        torch.manual_seed(config.seed)
+        model = build_model(config, input_shape(dataset), data.num_classes)
+        model.load_state_dict(state)
     return predict_shard(model, dataset, rank, size, batch_size, torch.device("cpu"))
 
 
@@ -72,7 +91,7 @@ def _pool_worker(job: tuple[Any, ...]) -> Any:
     return predict_split(state, config, split, rank, size, batch_size).numpy()
 
 
-def _pool_predict(state: dict[str, torch.Tensor], config: TrainConfig, split: str, procs: int,
+def _pool_predict(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, procs: int,
                   batch_size: int) -> torch.Tensor:
     import torch.multiprocessing as mp
 

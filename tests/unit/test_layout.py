@@ -10,7 +10,7 @@ from conftest import ROOT
 PACKAGE = ROOT / "hvdtrain"
 # Lowest first. A package may import itself and any package of a LOWER layer, nothing else.
 LAYERS = [["errors"], ["config"], ["distributed", "output", "cluster"], ["data", "models"], ["train"],
-          ["launcher"], ["spark", "tuning"], ["cli"]]
+          ["launcher", "compression"], ["spark", "tuning"], ["cli"]]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 
