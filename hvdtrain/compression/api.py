@@ -27,6 +27,7 @@ from hvdtrain.config.train_config import TrainConfig, load_config, to_yaml
 from hvdtrain.data.datasets import Data, build_data
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
+from hvdtrain.output.console import console
 from hvdtrain.output.files import atomic_write, write_text
 
 METHODS = ("int8", "prune", "distill")
@@ -225,7 +226,7 @@ def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **opti
 
 def _say(opts: CompressOptions, text: str) -> None:
     if opts.verbose and os.environ.get("HOROVOD_RANK", "0") == "0":
-        print(f"hvdtrain compress: {text}", flush=True)
+        console.line(f"hvdtrain compress: {text}")
 
 
 def _calibration(data: Data, count: int) -> torch.Tensor:
@@ -419,7 +420,7 @@ def _measure_and_write(source: Source, opts: CompressOptions, out: Path,
                   "files": {f"{method}/": "a compressed run directory" for method, _ in outcomes}}
         report.write(out, result)
     if opts.verbose:
-        print(report.table(result), flush=True)
-        print(f"hvdtrain compress: wrote {out} ({', '.join(f'{m}/' for m, _ in outcomes) if several else 'model.pt2'}"
-              ", report.json, report.txt, report.png)", flush=True)
+        console.line(report.table(result))
+        written = ", ".join(f"{m}/" for m, _ in outcomes) if several else "model.pt2"
+        console.line(f"hvdtrain compress: wrote {out} ({written}, report.json, report.txt, report.png)")
     return result
