@@ -148,6 +148,21 @@ class _GroupReader:
         return self.cached
 
 
+def is_stream(train_data: Any, *, elastic: bool) -> bool:
+    """True for a stream the trainer can shard (ParquetStream or the same protocol); a UserError for one
+    it cannot, or for a stream in an elastic run."""
+    if not isinstance(train_data, IterableDataset):
+        return False
+    if not all(hasattr(train_data, a) for a in ("set_shard", "set_epoch", "shard_len")):
+        raise UserError(f"train_data is an IterableDataset ({type(train_data).__name__}) without set_shard/"
+                        "set_epoch/shard_len, so its samples cannot be split across workers exactly; use a "
+                        "map-style Dataset or hvdtrain.data.streaming.ParquetStream")
+    if elastic:
+        raise UserError("elastic training needs a map-style dataset (a stream cannot be re-split across a "
+                        "changing number of workers); drop --elastic or load the data in memory")
+    return True
+
+
 def parquet_shards(pattern: str, features: str, label: str, val_fraction: float, batch_size: int,
                    seed: int) -> tuple[ParquetStream, Any, int]:
     """(train stream, held-out set in memory, num_classes) from the files matching `pattern`.

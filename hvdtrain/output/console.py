@@ -105,6 +105,19 @@ class Console:
             self.bar = None
 
     # ---- what the trainer shows
+    def done(self, summary: dict[str, Any]) -> None:
+        """The run's last lines: the best epoch (with --monitor) and the summary."""
+        run = summary.get("run_dir")
+        if summary.get("monitor") and summary["best_epoch"] >= 0:
+            how = "stopped early; " if summary["stopped_early"] else ""
+            self.line(f"hvdtrain: {how}best {summary['monitor']} {summary['best']:.4f} at epoch "
+                      f"{summary['best_epoch'] + 1}" + (f" -> {run}/best.pt" if run else ""))
+        metrics = "  ".join(f"{k} {v:.4f}" for k, v in summary.items() if k.startswith("val_") and k != "val_samples"
+                            and isinstance(v, float))
+        self.line(f"hvdtrain: done  {summary['workers']} worker(s)  {summary['epochs_run']} epochs  "
+                  f"{summary['steps']} steps  {metrics}  {summary['samples_per_s']:.0f} samples/s  "
+                  f"wall {summary['wall_time_s']:.1f} s" + (f"  -> {run}" if run else ""))
+
     def banner(self, lines: list[str]) -> None:
         for text in lines[:3]:
             self.line(f"hvdtrain: {text}")
@@ -121,6 +134,17 @@ class Console:
         if header:
             self.line("  ".join(f"{name:>{w}}" for (name, _), w in zip(columns, widths, strict=True)))
         self.line("  ".join(f"{_cell(key, record.get(key)):>{w}}" for (_, key), w in zip(columns, widths, strict=True)))
+
+def banner_lines(config: Any, *, world: Any, backend: str, device: str, train: int, held_out: int,
+                 lr_scale: float, run_path: str | None) -> list[str]:
+    """The three lines a run starts with: who trains on what, what differs from the defaults, where it goes."""
+    changed = config.changed()
+    keys = " ".join(f"{k}={v}" for k, v in changed.items()) if changed else "all defaults"
+    return [f"{world.size} worker(s) ({backend}, {device}), {train} train / {held_out} held-out samples, batch "
+            f"{config.batch_size}/worker, LR x{lr_scale:g} ({config.lr_scaling})",
+            f"config: {keys}" + (f"; full config in {run_path}/config.yaml" if run_path else ""),
+            f"run dir {run_path}" if run_path else "no run dir (run_dir '')"]
+
 
 def _cell(key: str, value: Any) -> str:
     if value is None:

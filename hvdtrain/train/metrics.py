@@ -191,6 +191,12 @@ class MetricSet:
             at += metric.size
         return out
 
+    def check_monitor(self, monitor: str) -> None:
+        """--monitor must name a held-out value of this run."""
+        known = [f"val_{name}" for name in self.names]
+        if monitor and monitor not in known:
+            raise UserError(f"monitor {monitor} is not a held-out metric of this run; choose one of {', '.join(known)}")
+
     def higher_is_better(self, name: str) -> bool:
         """Direction of a monitored metric (val_NAME or NAME); loss-like step_fn values improve downwards."""
         bare = name.removeprefix("val_")
@@ -198,3 +204,30 @@ class MetricSet:
             if metric.name == bare:
                 return metric.higher_is_better
         return not (bare == "loss" or "loss" in bare or "err" in bare)
+
+
+def choose(items: Sequence[str | Metric], outputs: torch.Tensor | None, targets: Any, extras: Sequence[str], *,
+           default_step: bool) -> MetricSet:
+    """The run's metrics from names/objects ("auto" = by task), each checked on the first batch's outputs.
+
+    Args:
+        outputs, targets: what the default step produced on a probe batch (outputs None with step_fn).
+        extras: names of the values step_fn returns beside its loss.
+    """
+    chosen: list[Metric] = []
+    for item in items:
+        if item == "auto":
+            chosen += auto_metrics(outputs, targets) if default_step else []
+        else:
+            chosen.append(by_name(item) if isinstance(item, str) else item)
+    for metric in chosen:
+        if outputs is None:
+            raise UserError(f"metric {metric.name} needs the default step's outputs and targets; with "
+                            "step_fn, return it as a value: (loss, {'" + metric.name + "': value})")
+        try:
+            metric.sums(outputs.detach(), targets)
+        except Exception as err:
+            raise UserError(f"metric {metric.name} does not fit outputs {tuple(outputs.shape)} and targets "
+                            f"{getattr(targets, 'shape', type(targets).__name__)}: {err}; choose others with "
+                            "--metrics") from None
+    return MetricSet(chosen, extras)

@@ -7,17 +7,17 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import IterableDataset
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.data.loader import build_loader
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
+from hvdtrain.data.streaming import is_stream
 from hvdtrain.distributed import dist
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.models.pipeline import place
-from hvdtrain.output.console import console
+from hvdtrain.output.console import banner_lines, console
 from hvdtrain.output.history import History
 from hvdtrain.output.run_dir import RunLog, plan_run_dir
 from hvdtrain.train import checkpoint
@@ -27,7 +27,8 @@ from hvdtrain.train.early_stopping import improved, patience_exhausted
 from hvdtrain.train.elastic import ElasticRun
 from hvdtrain.train.evaluation import evaluate, param_digest, predict, probe_batch
 from hvdtrain.train.lr_schedule import lr_at, scaled_lr
-from hvdtrain.train.metrics import Metric, MetricSet, auto_metrics, by_name
+from hvdtrain.train.metrics import Metric, MetricSet, choose
+from hvdtrain.train.nonfinite import count_nonfinite, gradients_finite
 from hvdtrain.train.optim import make_optimizer
 from hvdtrain.train.precision import autocast, check_precision, make_scaler
 from hvdtrain.train.progress import Progress
@@ -72,14 +73,7 @@ class Trainer:
         # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.
         self.device = pick_device(config.device, world.local_rank * config.stages)
         check_precision(config.precision, self.device)
-        self.streaming = isinstance(train_data, IterableDataset)
-        if self.streaming and not all(hasattr(train_data, a) for a in ("set_shard", "set_epoch", "shard_len")):
-            raise UserError(f"train_data is an IterableDataset ({type(train_data).__name__}) without set_shard/"
-                            "set_epoch/shard_len, so its samples cannot be split across workers exactly; use a "
-                            "map-style Dataset or hvdtrain.data.streaming.ParquetStream")
-        if self.streaming and config.elastic:
-            raise UserError("elastic training needs a map-style dataset (a stream cannot be re-split across a "
-                            "changing number of workers); drop --elastic or load the data in memory")
+        self.streaming = is_stream(train_data, elastic=config.elastic)
         check_fits(len(train_data), world.size)
         if config.monitor and val_data is None:
             raise UserError(f"monitor {config.monitor} needs held-out data (val_data); drop --monitor")
@@ -147,27 +141,8 @@ class Trainer:
             finally:
                 self.model.train()
         names = [m.strip() for m in config.metrics.split(",") if m.strip()] if metrics is None else list(metrics)
-        chosen: list[Metric] = []
-        for item in names:
-            if item == "auto":
-                chosen += auto_metrics(out.outputs, out.targets) if self.step_fn is None else []
-            else:
-                chosen.append(by_name(item) if isinstance(item, str) else item)
-        for metric in chosen:
-            if out.outputs is None:
-                raise UserError(f"metric {metric.name} needs the default step's outputs and targets; with "
-                                "step_fn, return it as a value: (loss, {'" + metric.name + "': value})")
-            try:
-                metric.sums(out.outputs.detach(), out.targets)
-            except Exception as err:
-                raise UserError(f"metric {metric.name} does not fit outputs {tuple(out.outputs.shape)} and "
-                                f"targets {getattr(out.targets, 'shape', type(out.targets).__name__)}: {err}; "
-                                "choose others with --metrics") from None
-        layout = MetricSet(chosen, sorted(out.extras))
-        known = [f"val_{name}" for name in layout.names]
-        if config.monitor and config.monitor not in known:
-            raise UserError(f"monitor {config.monitor} is not a held-out metric of this run; choose one of "
-                            f"{', '.join(known)}")
+        layout = choose(names, out.outputs, out.targets, sorted(out.extras), default_step=self.step_fn is None)
+        layout.check_monitor(config.monitor)
         return layout
 
     def fit(self, epochs: int | None = None, *, after_epoch: AfterEpoch | None = None) -> History:
@@ -292,9 +267,10 @@ class Trainer:
         self.optimizer.synchronize()                        # Horovod: averaged gradients, equal on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
-            applied = self._gradients_finite(p)
+            applied = gradients_finite(self.model, self.scaler, p, self.config.nonfinite_limit)
         else:
-            applied = loss_flag is None or self._finite(p, bool(torch.isfinite(dist.wait(loss_flag)).all()), "loss")
+            applied = loss_flag is None or count_nonfinite(p, bool(torch.isfinite(dist.wait(loss_flag)).all()), "loss",
+                                                           self.config.nonfinite_limit)
         if applied:
             with self.optimizer.skip_synchronize():
                 if self.scaler:
@@ -304,35 +280,6 @@ class Trainer:
         if self.scaler:
             self.scaler.update()                            # halve the loss scale after an overflow
         return applied
-
-    def _gradients_finite(self, p: Progress) -> bool:
-        """fp16: the unscaled gradients decide (an overflow leaves the loss finite). They are identical on
-        every rank after the allreduce, so every rank reaches the same verdict."""
-        if not self.config.nonfinite_limit:
-            return True
-        grads = [param.grad for param in self.model.parameters() if param.grad is not None]
-        # A tensor is finite iff its min and max are (NaN propagates through both): one read pass.
-        extremes = [v for g in grads if g.numel() for v in torch.aminmax(g)]
-        finite = not extremes or bool(torch.isfinite(torch.stack(extremes)).all())
-        if not finite and self.scaler and self.scaler.get_scale() >= 1.0:
-            p.skipped += 1
-            return False  # fp16 overflow at a large loss scale: routine, the scaler halves the scale
-        return self._finite(p, finite, "gradients")
-
-    def _finite(self, p: Progress, finite: bool, what: str) -> bool:
-        """Count a non-finite step (the verdict is the same on every rank); abort after too many in a row."""
-        if finite:
-            p.nonfinite = 0
-            return True
-        p.skipped += 1
-        p.nonfinite += 1
-        limit = self.config.nonfinite_limit
-        if p.nonfinite >= limit:
-            verb = "was" if what == "loss" else "were"
-            raise UserError(f"the {what} {verb} not finite for {limit} steps in a row (step {p.step + 1}, "
-                            f"epoch {p.epoch + 1}); lower --lr, check the data for NaN/inf, or raise "
-                            "--nonfinite-limit")
-        return False
 
     def _reduce(self, p: Progress, name: str, seen: int = 0) -> tuple[torch.Tensor, int, int]:
         """Horovod: ONE allreduce of this rank's sums, its stop request and its samples seen.
@@ -417,21 +364,12 @@ class Trainer:
         self._announced = True
         if self.run_path:
             self.log = RunLog(self.run_path, self.config)
-        console.banner(self._banner())
+        console.banner(banner_lines(self.config, world=self.world, backend=dist.backend_name(),
+                                    device=self.device.type, train=len(self.train_data),
+                                    held_out=len(self.val_data) if self.val_data is not None else 0,
+                                    lr_scale=self.lr_scale, run_path=self.run_path))
         if resumed:
             console.line(f"hvdtrain: {resumed}")
-
-    def _banner(self) -> list[str]:
-        config, world = self.config, self.world
-        held_out = len(self.val_data) if self.val_data is not None else 0
-        changed = config.changed()
-        keys = " ".join(f"{k}={v}" for k, v in changed.items()) if changed else "all defaults"
-        where = f"run dir {self.run_path}" if self.run_path else "no run dir (run_dir '')"
-        return [f"{world.size} worker(s) ({dist.backend_name()}, {self.device.type}), {len(self.train_data)} train / "
-                f"{held_out} held-out samples, batch {config.batch_size}/worker, LR x{self.lr_scale:g} "
-                f"({config.lr_scaling})",
-                f"config: {keys}" + (f"; full config in {self.run_path}/config.yaml" if self.run_path else ""),
-                where]
 
     def _fit_to_world(self, world: dist.World) -> None:
         """What follows from the number of workers: set at the start and after every elastic resize."""
@@ -461,15 +399,7 @@ class Trainer:
         self.history.summary = summary
         if self.log:
             self.log.finish(self.history, self.model)
-        if self.config.monitor and p.best_epoch >= 0:
-            how = "stopped early; " if summary["stopped_early"] else ""
-            console.line(f"hvdtrain: {how}best {self.config.monitor} {p.best:.4f} at epoch {p.best_epoch + 1}"
-                         + (f" -> {self.run_path}/best.pt" if self.run_path else ""))
-        metrics = "  ".join(f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val_") and k != "val_samples"
-                            and isinstance(v, float))
-        console.line(f"hvdtrain: done  {self.world.size} worker(s)  {len(self.history)} epochs  {p.step} steps  "
-                     f"{metrics}  {summary['samples_per_s']:.0f} samples/s  wall {wall:.1f} s"
-                     + (f"  -> {self.run_path}" if self.run_path else ""))
+        console.done(summary)
 
     def evaluate(self, data: Any = None) -> dict[str, Any]:
         """Loss and metrics over `data` (default: the held-out set) as val_*, each sample counted once."""
