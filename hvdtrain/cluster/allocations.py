@@ -30,10 +30,10 @@ def expand_hostlist(expression: str) -> list[str]:
     names: list[str] = []
     for item in _split_top_level(expression):
         if not item:
-            raise HostsError(f"hostlist '{expression}': empty name (two commas in a row, or a trailing comma?)")
+            raise HostsError(f"hostlist {expression!r}: empty name (two commas in a row, or a trailing comma?)")
         names.extend(_expand_item(item, expression))
         if len(names) > MAX_HOSTS:
-            raise HostsError(f"hostlist '{expression}' expands to more than {MAX_HOSTS} hosts")
+            raise HostsError(f"hostlist {expression!r} expands to more than {MAX_HOSTS} hosts")
     return names
 
 
@@ -43,17 +43,17 @@ def _split_top_level(expression: str) -> list[str]:
     for index, char in enumerate(expression):
         if char == "[":
             if depth:
-                raise HostsError(f"hostlist '{expression}': nested '['")
+                raise HostsError(f"hostlist {expression!r}: nested '['")
             depth = 1
         elif char == "]":
             if not depth:
-                raise HostsError(f"hostlist '{expression}': ']' without '['")
+                raise HostsError(f"hostlist {expression!r}: ']' without '['")
             depth = 0
         elif char == "," and not depth:
             items.append(expression[start:index].strip())
             start = index + 1
     if depth:
-        raise HostsError(f"hostlist '{expression}': '[' without ']'")
+        raise HostsError(f"hostlist {expression!r}: '[' without ']'")
     items.append(expression[start:].strip())
     return items
 
@@ -65,11 +65,11 @@ def _expand_item(item: str, expression: str) -> list[str]:
     for ranges, literal in zip(pieces[1::2], pieces[2::2], strict=True):
         values = _expand_ranges(ranges, expression)
         if len(names) * len(values) > MAX_HOSTS:
-            raise HostsError(f"hostlist '{expression}' expands to more than {MAX_HOSTS} hosts")
+            raise HostsError(f"hostlist {expression!r} expands to more than {MAX_HOSTS} hosts")
         names = [name + value + literal for name in names for value in values]
     for name in names:
         if not HOST_NAME.fullmatch(name):
-            raise HostsError(f"hostlist '{expression}': '{name}' is not a host name")
+            raise HostsError(f"hostlist {expression!r}: {name!r} is not a host name")
     return names
 
 
@@ -79,12 +79,14 @@ def _expand_ranges(ranges: str, expression: str) -> list[str]:
         part = part.strip()
         match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part)
         if not match:
-            raise HostsError(f"hostlist '{expression}': '[{ranges}]' needs numbers or ranges like 01-04,07")
+            raise HostsError(f"hostlist {expression!r}: {'[' + ranges + ']'!r} needs numbers or ranges like 01-04,07")
         low, high = match.group(1), match.group(2) or match.group(1)
+        if max(len(low), len(high)) > 18:  # int() refuses thousands of digits; no node number is this long
+            raise HostsError(f"hostlist {expression!r}: '{part}' is not a node number (more than 18 digits)")
         if int(high) < int(low):
-            raise HostsError(f"hostlist '{expression}': range '{part}' runs backwards")
+            raise HostsError(f"hostlist {expression!r}: range '{part}' runs backwards")
         if int(high) - int(low) >= MAX_HOSTS:
-            raise HostsError(f"hostlist '{expression}' expands to more than {MAX_HOSTS} hosts")
+            raise HostsError(f"hostlist {expression!r} expands to more than {MAX_HOSTS} hosts")
         width = len(low)  # Slurm pads to the width of the range's first number
         values.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1))
     return values
@@ -100,11 +102,12 @@ def expand_task_counts(text: str, variable: str) -> list[int]:
     counts: list[int] = []
     for part in text.split(","):
         match = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", part)
-        if not match or int(match.group(1)) <= 0 or (match.group(2) and int(match.group(2)) <= 0):
-            raise HostsError(f"{variable}='{text}': '{part}' is not a positive count like 2 or 2(x3)")
+        too_long = match and any(len(count or "") > 9 for count in match.groups())  # int() refuses 4301+ digits
+        if not match or too_long or int(match.group(1)) <= 0 or (match.group(2) and int(match.group(2)) <= 0):
+            raise HostsError(f"{variable}={text!r}: {part!r} is not a positive count like 2 or 2(x3)")
         repeat = int(match.group(2) or 1)
         if len(counts) + repeat > MAX_HOSTS:
-            raise HostsError(f"{variable}='{text}' describes more than {MAX_HOSTS} hosts")
+            raise HostsError(f"{variable}={text!r} describes more than {MAX_HOSTS} hosts")
         counts.extend([int(match.group(1))] * repeat)
     return counts
 
@@ -118,7 +121,7 @@ def from_slurm(env: Mapping[str, str]) -> list[Host]:
     """
     nodelist_var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST", "").strip() else "SLURM_NODELIST"
     names = expand_hostlist(env[nodelist_var])
-    _refuse_duplicates(names, f"{nodelist_var}='{env[nodelist_var]}'")
+    _refuse_duplicates(names, f"{nodelist_var}={env[nodelist_var]!r}")
     if env.get("SLURM_TASKS_PER_NODE", "").strip():
         counts = expand_task_counts(env["SLURM_TASKS_PER_NODE"], "SLURM_TASKS_PER_NODE")
         source = "SLURM_TASKS_PER_NODE"
@@ -131,8 +134,8 @@ def from_slurm(env: Mapping[str, str]) -> list[Host]:
         counts = [1] * len(names)
         source = ""
     if len(counts) != len(names):
-        raise HostsError(f"{source}='{env[source]}' gives {len(counts)} counts for the {len(names)} "
-                         f"nodes of {nodelist_var}='{env[nodelist_var]}'")
+        raise HostsError(f"{source}={env[source]!r} gives {len(counts)} counts for the {len(names)} "
+                         f"nodes of {nodelist_var}={env[nodelist_var]!r}")
     return [Host(name, count) for name, count in zip(names, counts, strict=True)]
 
 
@@ -158,14 +161,14 @@ def from_lsf(env: Mapping[str, str]) -> list[Host]:
         text = env["LSB_MCPU_HOSTS"]
         fields = text.split()
         if len(fields) % 2:
-            raise HostsError(f"LSB_MCPU_HOSTS='{text}': expected pairs of 'host slots'")
+            raise HostsError(f"LSB_MCPU_HOSTS={text!r}: expected pairs of 'host slots'")
         hosts = []
         for name, count in zip(fields[0::2], fields[1::2], strict=True):
             try:
                 hosts.append(Host(check_host_name(name), parse_slots(count)))
             except HostsError as err:
-                raise HostsError(f"LSB_MCPU_HOSTS='{text}': '{name} {count}' — {err}") from None
-        _refuse_duplicates([host.name for host in hosts], f"LSB_MCPU_HOSTS='{text}'")
+                raise HostsError(f"LSB_MCPU_HOSTS={text!r}: '{name} {count}' — {err}") from None
+        _refuse_duplicates([host.name for host in hosts], f"LSB_MCPU_HOSTS={text!r}")
         return hosts
     return _count_repeats(env.get("LSB_HOSTS", "").split(), "LSB_HOSTS")
 
@@ -202,9 +205,9 @@ def from_env(env: Mapping[str, str], read_text: Callable[[str], str]) -> tuple[s
         try:
             text = read_text(path)
         except OSError as err:
-            raise HostsError(f"PBS_NODEFILE={path} cannot be read: {err.strerror or err}") from None
+            raise HostsError(f"PBS_NODEFILE={path!r} cannot be read: {err.strerror or err}") from None
         except UnicodeDecodeError:
-            raise HostsError(f"PBS_NODEFILE={path} is not a text file") from None
+            raise HostsError(f"PBS_NODEFILE={path!r} is not a text file") from None
         return "pbs", from_pbs_nodefile(text)
     if env.get("LSB_MCPU_HOSTS", "").strip() or env.get("LSB_HOSTS", "").strip():
         return "lsf", from_lsf(env)

@@ -83,9 +83,9 @@ def check_host_name(name: str) -> str:
 
 
 def parse_slots(text: str) -> int:
-    """A slot count: a positive decimal integer."""
-    if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
-        raise HostsError("slots must be a positive integer")
+    """A slot count: a positive decimal integer (below 10**9: int() refuses thousands of digits)."""
+    if not re.fullmatch(r"[0-9]+", text) or len(text.lstrip("0")) > 9 or int(text) <= 0:
+        raise HostsError("slots must be a positive integer (below 1000000000)")
     return int(text)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,7 +176,7 @@ FIELD_TYPES: dict[str, Any] = typing.get_type_hints(TrainConfig)
 def _unknown_key(key: str) -> ConfigError:
     close = difflib.get_close_matches(key, FIELD_TYPES, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(FIELD_TYPES)})"
-    return ConfigError(f"unknown config key '{key}'{hint}")
+    return ConfigError(f"unknown config key {key!r}{hint}")
 
 
 def coerce(key: str, value: Any) -> Any:
@@ -194,10 +195,10 @@ def coerce(key: str, value: Any) -> Any:
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
         elif kind is float:
-            if from_cli:
-                return float(value)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
+            if from_cli or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                number = float(value)
+                if math.isfinite(number):  # nan and inf are no learning rate, momentum or epoch count
+                    return number
         elif kind is str:
             if from_cli or isinstance(value, str):
                 return value
@@ -207,9 +208,9 @@ def coerce(key: str, value: Any) -> Any:
             items = [item for item in value.split(",") if item.strip()] if from_cli else value
             if isinstance(items, (list, tuple)):
                 return tuple(int(item) for item in items)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: float(10**400), int(inf)
         pass
-    expected = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
+    expected = {bool: "true/false", int: "an integer", float: "a finite number", str: "a string"}.get(
         kind, "comma-separated integers like 1,28,28")
     raise ConfigError(f"{key} must be {expected}, got {value!r}")
 
@@ -242,6 +243,8 @@ def read_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist (check the --config path)")
     try:
         data = yaml.safe_load(file.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text (check the --config path)") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -88,7 +88,8 @@ def load(path: Path) -> dict[str, Any]:
     payload = _torch_load(path, "checkpoint")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else None
-        why = f"format {found}, this hvdtrain reads {FORMAT}" if found else f"no '{FORMAT}' marker"
+        found = found[:80] if isinstance(found, str) else None  # a tensor or a line break would not fit one line
+        why = f"format {found!r}, this hvdtrain reads {FORMAT}" if found else f"no '{FORMAT}' marker"
         raise UserError(f"{path} is not an hvdtrain checkpoint ({why})")
     return payload
 
@@ -102,6 +103,8 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | 
     payload = _torch_load(path, "checkpoint")
     if isinstance(payload, dict) and "format" in payload:
         checked = load(path)
+        if not isinstance(checked.get("model"), dict) or not isinstance(checked.get("config"), dict):
+            raise UserError(f"{path} is an hvdtrain checkpoint without a model and its config (a damaged file?)")
         return checked["model"], checked["config"]
     if not (isinstance(payload, dict) and payload and all(isinstance(v, torch.Tensor) for v in payload.values())):
         raise UserError(f"{path} holds neither an hvdtrain checkpoint nor a model's state dict")

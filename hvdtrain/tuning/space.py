@@ -80,7 +80,7 @@ def parse_space(data: Any, source: str = "space") -> dict[str, Param]:
         if key not in FIELD_TYPES:
             close = difflib.get_close_matches(key, FIELD_TYPES, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"{source}: unknown config key '{key}'{hint}")
+            raise ConfigError(f"{source}: unknown config key {key!r}{hint}")
         if key in NOT_TUNABLE:
             raise ConfigError(f"{where}: cannot be searched (hvdtrain tune sets it per trial)")
         space[key] = _param(key, spec, where)
@@ -94,9 +94,9 @@ def _param(key: str, spec: Any, where: str) -> Param:
     if kind not in TYPES:
         raise ConfigError(f"{where}: unknown distribution type {kind!r}; use float, int or categorical "
                           "(log scale: type float with log: true)")
-    extra = sorted(set(spec) - _FIELDS[kind])
+    extra = sorted(str(field) if str(field).isprintable() else repr(field) for field in set(spec) - _FIELDS[kind])
     if extra:
-        raise ConfigError(f"{where}: unknown field(s) {', '.join(map(str, extra))} for type {kind} "
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(extra)} for type {kind} "
                           f"(allowed: {', '.join(sorted(_FIELDS[kind]))})")
     field = FIELD_TYPES[key]
     if kind == "categorical":
@@ -111,6 +111,8 @@ def _param(key: str, spec: Any, where: str) -> Param:
             raise ConfigError(f"{where}: {bound} must be a number, got {value!r}")
         if kind == "int" and not isinstance(value, int):
             raise ConfigError(f"{where}: {bound} must be an integer for type int, got {value!r}")
+        if not _finite(value):
+            raise ConfigError(f"{where}: {bound} must be a finite number below 1e300, got {value!r}")
     low, high, log, step = spec["low"], spec["high"], spec.get("log", False), spec.get("step")
     if low >= high:
         raise ConfigError(f"{where}: empty range: low {low} must be below high {high}")
@@ -119,7 +121,7 @@ def _param(key: str, spec: Any, where: str) -> Param:
     if log and low <= 0:
         raise ConfigError(f"{where}: a log range needs low > 0, got {low}")
     if step is not None:
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0 or (
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not _finite(step) or step <= 0 or (
                 kind == "int" and not isinstance(step, int)):
             raise ConfigError(f"{where}: step must be a positive {'integer' if kind == 'int' else 'number'}, "
                               f"got {step!r}")
@@ -129,6 +131,11 @@ def _param(key: str, spec: Any, where: str) -> Param:
         if abs(span - round(span)) > 1e-9:
             raise ConfigError(f"{where}: high - low ({high - low:g}) must be a multiple of step {step:g}")
     return Param(key, kind, float(low), float(high), log, float(step) if step is not None else None)
+
+
+def _finite(value: float) -> bool:
+    """Not nan or inf, and small enough that (high - low) / step is a float (10**400 is not)."""
+    return abs(value) < 1e300  # False for nan and inf; compares a huge int without converting it
 
 
 def _categorical(key: str, spec: dict[str, Any], where: str, field: Any) -> Param:
@@ -152,6 +159,8 @@ def load_space(path: str) -> dict[str, Param]:
         raise ConfigError(f"space file {path} does not exist (check the --space path)")
     try:
         data = yaml.safe_load(file.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"space file {path} is not UTF-8 text (check the --space path)") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
