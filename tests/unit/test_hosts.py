@@ -240,10 +240,10 @@ def test_from_env_errors(tmp_path):
     read = lambda path: Path(path).read_text()  # noqa: E731
     with pytest.raises(HostsError, match="no scheduler allocation in the environment: expected SLURM_JOB_NODELIST"):
         from_env({"HOME": "/root", "SLURM_JOB_NODELIST": " "}, read)
-    with pytest.raises(HostsError, match=r"PBS_NODEFILE=.*missing cannot be read: No such file or directory"):
+    with pytest.raises(HostsError, match=r"PBS_NODEFILE=.*missing' cannot be read: No such file or directory"):
         from_env({"PBS_NODEFILE": str(tmp_path / "missing")}, read)
     (tmp_path / "binary").write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(HostsError, match=r"PBS_NODEFILE=.*binary is not a text file"):
+    with pytest.raises(HostsError, match=r"PBS_NODEFILE=.*binary' is not a text file"):
         from_env({"PBS_NODEFILE": str(tmp_path / "binary")}, read)
 
 
