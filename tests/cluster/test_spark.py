@@ -29,7 +29,7 @@ def _java() -> str | None:
     return shutil.which("java")
 
 
-needs_java = pytest.mark.skipif(_java() is None, reason="Spark needs Java 8/11/17 (java on PATH or JAVA_HOME); "
+needs_java = pytest.mark.skipif(_java() is None, reason="Spark 4 needs Java 17/21 (java on PATH or JAVA_HOME); "
                                                         "none found, so the Spark tests cannot run here")
 SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
 
