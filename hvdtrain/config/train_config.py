@@ -237,19 +237,28 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
     return result
 
 
-def read_yaml(path: str) -> dict[str, Any]:
+def load_yaml_file(path: str, what: str, flag: str) -> Any:
+    """The parsed YAML document of `path`, or a one-line ConfigError naming `what` file and its `flag`.
+
+    Example:
+        >>> load_yaml_file("space.yaml", "space file", "--space")
+    """
     file = Path(path)
     if not file.is_file():
-        raise ConfigError(f"config file {path} does not exist (check the --config path)")
+        raise ConfigError(f"{what} {path} does not exist (check the {flag} path)")
     try:
-        data = yaml.safe_load(file.read_text())
+        return yaml.safe_load(file.read_text())
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text (check the --config path)") from None
+        raise ConfigError(f"{what} {path} is not UTF-8 text (check the {flag} path)") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or "invalid YAML"
-        raise ConfigError(f"config file {path}{where}: YAML syntax error: {problem}") from None
+        raise ConfigError(f"{what} {path}{where}: YAML syntax error: {problem}") from None
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    data = load_yaml_file(path, "config file", "--config")
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hvdtrain.config.train_config import FIELD_TYPES, TrainConfig, coerce, load_config
+from hvdtrain.config.train_config import FIELD_TYPES, TrainConfig, coerce, load_config, load_yaml_file
 from hvdtrain.errors import ConfigError
 
 TYPES = ("float", "int", "categorical")
@@ -154,17 +151,7 @@ def _categorical(key: str, spec: dict[str, Any], where: str, field: Any) -> Para
 
 def load_space(path: str) -> dict[str, Param]:
     """Read and parse a space YAML file (see parse_space)."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"space file {path} does not exist (check the --space path)")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except UnicodeDecodeError:
-        raise ConfigError(f"space file {path} is not UTF-8 text (check the --space path)") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"space file {path}{line}: YAML syntax error") from None
+    data = load_yaml_file(path, "space file", "--space")
     return parse_space(data, f"space {path}")
 
 
