@@ -106,6 +106,7 @@ class Trainer:
         self.check_loss = bool(config.nonfinite_limit) and not self.steps_in_backward and self.scaler is None
         self.run_path: str | None = None
         self.log: RunLog | None = None
+        self.announced = False          # the banner is shown once per process (elastic restarts call again)
         self.world = world
         self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
         self.loader = build_loader(train_data, None if self.streaming else self.sampler, config, world.rank,
@@ -359,9 +360,9 @@ class Trainer:
 
     def _open_log(self, resumed: str | None) -> None:
         """Rank 0: the run directory (if any) and the banner; once per process."""
-        if not self.world.is_root or self.log is not None or getattr(self, "_announced", False):
+        if not self.world.is_root or self.announced:
             return
-        self._announced = True
+        self.announced = True
         if self.run_path:
             self.log = RunLog(self.run_path, self.config)
         console.banner(banner_lines(self.config, world=self.world, backend=dist.backend_name(),
