@@ -61,26 +61,17 @@ def _report_crash(err: Exception) -> int:
     return 1
 
 
+# Each subcommand is hvdtrain/cli/NAME.py with main(args) -> exit code; imported only when used.
+SUBCOMMANDS = ("predict", "compress", "tune", "doctor", "hosts", "spark")
+
+
 def _subcommand(name: str) -> Callable[[list[str]], int] | None:
-    if name == "doctor":
-        from hvdtrain.cli.doctor import main as doctor
-        return doctor
-    if name == "hosts":
-        from hvdtrain.cli.hosts import main as hosts
-        return hosts
-    if name == "predict":
-        from hvdtrain.cli.predict import main as predict
-        return predict
-    if name == "compress":
-        from hvdtrain.cli.compress import main as compress
-        return compress
-    if name == "spark":
-        from hvdtrain.cli.spark import main as spark
-        return spark
-    if name == "tune":
-        from hvdtrain.cli.tune import main as tune
-        return tune
-    return None
+    if name not in SUBCOMMANDS:
+        return None
+    import importlib
+
+    command: Callable[[list[str]], int] = importlib.import_module(f"hvdtrain.cli.{name}").main
+    return command
 
 
 def main(argv: list[str] | None = None) -> int:
