@@ -1,10 +1,10 @@
 """Data larger than memory: Parquet shard files streamed row group by row group.
 
-The epoch's order is over row groups (shuffled with seed + epoch, the same on every rank; rows keep
-their order inside a group). Rank r trains on the r-th contiguous block of that order, padded by
-wrapping around so that every rank takes the same number of steps; inside the block, loader worker w
-loads batches w, w+W, ... so the DataLoader's round-robin returns them in order and no sample is
-read twice. A worker holds one row group at a time.
+The epoch's order is over row groups (shuffled with seed + epoch, the same on every rank; rows are
+shuffled inside their group, which is in memory anyway). Rank r trains on the r-th contiguous block
+of that order, padded by wrapping around so that every rank takes the same number of steps; inside
+the block, loader worker w loads batches w, w+W, ... so the DataLoader's round-robin returns them in
+order and no sample is read twice. A worker holds one row group at a time.
 
 Resuming: the trainer's position (samples processed by all ranks) gives each rank its offset in its
 block, so a run resumes at the right sample with the same number of workers (elastic resizing is not
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from hvdtrain.data.tabular import feature_names, features_of, labels_of
+from hvdtrain.data.tabular import feature_names, features_of, targets_of
 from hvdtrain.errors import UserError
 
 
@@ -33,14 +33,12 @@ class Unit:
     rows: int
 
 
-def row_groups(files: list[str]) -> list[Unit]:
+def row_groups(files: list[str], filesystem: Any = None) -> list[Unit]:
     """Every row group of every file, from the Parquet footers only (no data read)."""
-    import pyarrow.parquet as pq
-
     units = []
     for file in files:
         try:
-            meta = pq.ParquetFile(file).metadata
+            meta = open_parquet(file, filesystem).metadata
         except Exception as err:
             raise UserError(f"cannot read {file} as Parquet: {str(err).splitlines()[0][:160]}") from None
         units += [Unit(file, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)
@@ -64,23 +62,27 @@ def worker_batches(start: int, stop: int, batch_size: int, worker: int, workers:
 class ParquetStream(IterableDataset):
     """Args:
         files: Parquet shard files (all with the feature and label columns).
-        features, label: columns, as for tabular data (features '' = all but the label).
+        features: columns, as for tabular data ('' = all but the label; a list or comma-separated).
+        label: the label column, or a list of float columns (one [rows, k] regression target).
         classes: the class list (from the data's metadata or a first pass); None for a regression label.
         batch_size: per rank, the trainer's; seed: the shuffle seed.
+        filesystem: a pyarrow FileSystem the files live on (a store's: HDFS, S3...); None = local paths.
+    Rows are shuffled inside their row group too (seed, epoch, group), so a sorted table still mixes.
+    `rows_read` counts the rows of the row groups this process loaded: what a rank held in memory.
     """
 
-    def __init__(self, files: list[str], features: str, label: str, classes: list[Any] | None,
-                 batch_size: int, seed: int) -> None:
-        import pyarrow.parquet as pq
-
-        self.files, self.label, self.classes = files, label, classes
-        self.units = row_groups(files)
+    def __init__(self, files: list[str], features: str | list[str], label: str | list[str],
+                 classes: list[Any] | None, batch_size: int, seed: int, filesystem: Any = None) -> None:
+        self.files, self.classes, self.filesystem = files, classes, filesystem
+        self.labels = [label] if isinstance(label, str) else list(label)
+        self.units = row_groups(files, filesystem)
         if not self.units:
             raise UserError(f"the shard files ({len(files)}) hold no rows")
-        self.features = feature_names(pq.ParquetFile(files[0]).schema_arrow.names, features, label)
+        self.features = columns_of(files[0], features, self.labels, filesystem)
         self.total = sum(u.rows for u in self.units)
         self.batch_size, self.seed = batch_size, seed
         self.rank, self.size, self.epoch, self.start = 0, 1, 0, 0
+        self.rows_read = 0
 
     def __len__(self) -> int:
         return self.total
@@ -100,26 +102,82 @@ class ParquetStream(IterableDataset):
         first, stop = block(self.total, self.rank, self.size)
         return stop - first - self.start // self.size
 
-    def order(self) -> list[Unit]:
+    def order(self) -> list[int]:
+        """Indices into self.units in this epoch's order."""
         gen = torch.Generator().manual_seed(self.seed + self.epoch)
-        return [self.units[i] for i in torch.randperm(len(self.units), generator=gen).tolist()]
+        return torch.randperm(len(self.units), generator=gen).tolist()
+
+    def row_order(self, unit: int) -> list[int]:
+        gen = torch.Generator().manual_seed((self.seed + self.epoch) * 1_000_003 + unit)
+        return torch.randperm(self.units[unit].rows, generator=gen).tolist()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        units = self.order()
+        order = self.order()
         offsets = [0]
-        for unit in units:
-            offsets.append(offsets[-1] + unit.rows)
+        for i in order:
+            offsets.append(offsets[-1] + self.units[i].rows)
         first, stop = block(self.total, self.rank, self.size)
         reader = _GroupReader(self)
+        rows: list[int] = []
         for begin, end in worker_batches(first + self.start // self.size, stop, self.batch_size, worker, workers):
             for position in range(begin, end):
                 at = position % self.total                       # padding wraps around to the beginning
                 index = _unit_at(offsets, at)
-                features, labels = reader.rows(units[index])
-                row = at - offsets[index]
+                if reader.key != order[index]:
+                    rows = self.row_order(order[index])
+                features, labels = reader.rows(order[index])
+                row = rows[at - offsets[index]]
                 yield features[row], labels[row]
+
+
+class ParquetTable(Dataset):
+    """Map-style rows of Parquet files in file order, holding one row group at a time: for held-out data
+    that evaluation reads in increasing index order (rank r: r, r+size, ...), so each group loads once."""
+
+    def __init__(self, files: list[str], features: str | list[str], label: str | list[str],
+                 classes: list[Any] | None, filesystem: Any = None) -> None:
+        self.files, self.classes, self.filesystem = files, classes, filesystem
+        self.labels = [label] if isinstance(label, str) else list(label)
+        self.units = row_groups(files, filesystem)
+        self.features = columns_of(files[0], features, self.labels, filesystem) if files else []
+        self.offsets = [0]
+        for unit in self.units:
+            self.offsets.append(self.offsets[-1] + unit.rows)
+        self.rows_read = 0
+        self._reader: _GroupReader | None = None
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        if self._reader is None:
+            self._reader = _GroupReader(self)
+        unit = _unit_at(self.offsets, index)
+        features, labels = self._reader.rows(unit)
+        return features[index - self.offsets[unit]], labels[index - self.offsets[unit]]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_reader": None}     # loader workers start without the parent's group
+
+
+def open_parquet(file: str, filesystem: Any = None) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(filesystem.open_input_file(file) if filesystem is not None else file)
+
+
+def columns_of(file: str, features: str | list[str], labels: list[str], filesystem: Any = None) -> list[str]:
+    names = open_parquet(file, filesystem).schema_arrow.names
+    wanted = features if isinstance(features, str) else ",".join(features)
+    found = feature_names(names, wanted, labels[0])
+    missing = [n for n in labels[1:] if n not in names]
+    if missing:
+        raise UserError(f"label column(s) {', '.join(missing)} not in the data (columns: {', '.join(names)})")
+    return [n for n in found if n not in labels]
 
 
 def _unit_at(offsets: list[int], position: int) -> int:
@@ -129,21 +187,21 @@ def _unit_at(offsets: list[int], position: int) -> int:
 
 
 class _GroupReader:
-    """Reads row groups, keeping only the last one (the stream is sequential inside a block)."""
+    """Reads row groups, keeping only the last one (each reader's access is sequential)."""
 
-    def __init__(self, stream: ParquetStream) -> None:
-        self.stream = stream
-        self.key: tuple[str, int] | None = None
+    def __init__(self, source: ParquetStream | ParquetTable) -> None:
+        self.source = source
+        self.key: int | None = None
         self.cached: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def rows(self, unit: Unit) -> tuple[torch.Tensor, torch.Tensor]:
-        import pyarrow.parquet as pq
-
-        if self.key != (unit.file, unit.group):
-            s = self.stream
-            table = pq.ParquetFile(unit.file).read_row_group(unit.group, columns=[*s.features, s.label])
-            self.cached = (torch.from_numpy(features_of(table, s.features)), labels_of(table, s.label, s.classes)[0])
-            self.key = (unit.file, unit.group)
+    def rows(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.key != index:
+            s, unit = self.source, self.source.units[index]
+            self.cached = None                                   # let the old group go before reading
+            table = open_parquet(unit.file, s.filesystem).read_row_group(unit.group, columns=[*s.features, *s.labels])
+            self.cached = (torch.from_numpy(features_of(table, s.features)), targets_of(table, s.labels, s.classes)[0])
+            self.key = index
+            s.rows_read += unit.rows
         assert self.cached is not None
         return self.cached
 
@@ -165,9 +223,9 @@ def is_stream(train_data: Any, *, elastic: bool) -> bool:
 
 def parquet_shards(pattern: str, features: str, label: str, val_fraction: float, batch_size: int,
                    seed: int) -> tuple[ParquetStream, Any, int]:
-    """(train stream, held-out set in memory, num_classes) from the files matching `pattern`.
+    """(train stream, held-out ParquetTable, num_classes) from the files matching `pattern`.
 
-    The last round(val_fraction x files) files (at least one) are held out and loaded in memory.
+    The last round(val_fraction x files) files (at least one) are held out (read one row group at a time).
     """
     import pyarrow.dataset as ds
 
@@ -183,9 +241,4 @@ def parquet_shards(pattern: str, features: str, label: str, val_fraction: float,
         values = ds.dataset(train_files, format="parquet").to_table(columns=[label]).column(label).to_pylist()
         classes = sorted(set(values))
     train = ParquetStream(train_files, features, label, classes, batch_size, seed)
-    from torch.utils.data import TensorDataset
-
-    val_table = ds.dataset(val_files, format="parquet").to_table(columns=[*train.features, label])
-    val = TensorDataset(torch.from_numpy(features_of(val_table, train.features)),
-                        labels_of(val_table, label, classes)[0])
-    return train, val, len(classes) if classes is not None else 1
+    return train, ParquetTable(val_files, train.features, label, classes), len(classes) if classes is not None else 1

@@ -56,12 +56,7 @@ def features_of(table: Any, names: list[str]) -> np.ndarray:
         if pat.is_list(kind) or pat.is_large_list(kind) or pat.is_fixed_size_list(kind):
             if not (pat.is_integer(kind.value_type) or pat.is_floating(kind.value_type)):
                 raise UserError(f"feature column {name} holds lists of {kind.value_type}, not numbers")
-            values = column.to_pylist()
-            width = {len(v) for v in values if v is not None}
-            if len(width) > 1 or any(v is None for v in values):
-                raise UserError(f"feature column {name} holds arrays of different lengths (or nulls); "
-                                "every row needs the same length")
-            parts.append(np.asarray(values, dtype=np.float32).reshape(len(values), -1))
+            parts.append(_array_column(name, column))
         elif pat.is_integer(kind) or pat.is_floating(kind) or pat.is_boolean(kind):
             if column.null_count:
                 raise UserError(f"feature column {name} has {column.null_count} missing value(s); fill or drop them")
@@ -72,6 +67,37 @@ def features_of(table: Any, names: list[str]) -> np.ndarray:
     if not parts:
         return np.zeros((table.num_rows, 0), dtype=np.float32)
     return np.concatenate(parts, axis=1)
+
+
+def _array_column(name: str, column: Any) -> np.ndarray:
+    """[rows, width] float32 from a list column whose rows all hold `width` numbers (no Python lists)."""
+    import pyarrow.compute as pc
+
+    if not len(column):
+        return np.zeros((0, 0), dtype=np.float32)
+    lengths = pc.list_value_length(column)
+    if column.null_count or pc.min_max(lengths)["min"] != pc.min_max(lengths)["max"]:
+        raise UserError(f"feature column {name} holds arrays of different lengths (or nulls); "
+                        "every row needs the same length")
+    values = pc.list_flatten(column)
+    if values.null_count:
+        raise UserError(f"feature column {name} has missing values inside its arrays; fill or drop them")
+    flat = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    return flat.reshape(len(column), -1)
+
+
+def targets_of(table: Any, labels: list[str], classes: list[Any] | None = None) -> tuple[
+        torch.Tensor, list[Any] | None]:
+    """One label column as for labels_of; several must all be floats: a [rows, k] regression target."""
+    if len(labels) == 1:
+        return labels_of(table, labels[0], classes)
+    import pyarrow.types as pat
+
+    not_float = [n for n in labels if not pat.is_floating(table.column(n).type)]
+    if not_float:
+        raise UserError(f"label columns {', '.join(not_float)} are not floats; several label columns form one "
+                        "regression target, so each must be floating point (or pass one class column)")
+    return torch.stack([labels_of(table, n)[0] for n in labels], dim=1), None
 
 
 def labels_of(table: Any, label: str, classes: list[Any] | None = None) -> tuple[torch.Tensor, list[Any] | None]:

@@ -1,4 +1,5 @@
-"""Train on Apache Spark: N Horovod workers run inside N Spark tasks (horovod.spark.run, Gloo).
+"""Train on Apache Spark: N Horovod workers run inside N Spark tasks (horovod.spark.run, Gloo); on a
+DataFrame, see dataframe.py.
 
 The same trainer, config and plug-ins as under horovodrun; only the launcher differs. Like
 launcher.py, this module uses Horovod's launcher (horovod.spark), never its torch binding: the
@@ -11,7 +12,7 @@ import dataclasses
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
@@ -19,12 +20,12 @@ from hvdtrain.errors import LaunchError, UserError, WorkerError
 from hvdtrain.launcher.guard import (
     Guarded,
     check_picklable,
-    fit_config,
     patched_environ,
     rank0_result,
     target,
     worker_pythonpath,
 )
+from hvdtrain.launcher.secrets import split_env
 from hvdtrain.train.device import threads_per_worker
 
 
@@ -80,10 +81,19 @@ def _spark_config(config: TrainConfig, task_cpus: int) -> TrainConfig:
     return dataclasses.replace(config, **changes)
 
 
-def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_proc: int = 2, spark: Any = None,
-        all_ranks: bool = False, start_timeout: int = 120, network_interfaces: list[str] | None = None,
-        env: dict[str, str] | None = None, **kwargs: Any) -> Any:
-    """Train on `num_proc` Spark tasks, one Horovod worker (Gloo) each, and return rank 0's result.
+def fit(config_or_fn: TrainConfig | Callable[..., Any] | Any = None, *args: Any, df: Any = None,
+        feature_cols: Sequence[str] | str = (), label_cols: Sequence[str] | str = (),
+        validation: float | str | None = 0.2, store: str | None = None, run_id: str | None = None,
+        partitions: int | None = None, row_group_mb: int = 8, loss_fn: Any = None,
+        metrics: Any = None, num_proc: int = 2, spark: Any = None, all_ranks: bool = False, start_timeout: int = 120,
+        network_interfaces: list[str] | None = None, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+    """Train on `num_proc` Spark tasks, one Horovod worker (Gloo) each.
+
+    Two forms:
+    - `fit(config_or_fn, ...)`: every task runs `hvdtrain.fit(config)` or your function; returns rank
+      0's result (for a TrainConfig: its History).
+    - `fit(model_or_config, df=df, feature_cols=[...], label_cols=[...], store=PATH, ...)`: trains on a
+      DataFrame (spark/dataframe.py) and returns a SparkModel whose `transform(df)` predicts into one.
 
     Rank 0 writes the run directory (config.run_dir, made absolute on the driver). On a cluster that
     path is on the executor that runs rank 0: use shared storage (NFS, a mounted bucket) for run_dir
@@ -92,28 +102,63 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_proc: in
 
     Args:
         config_or_fn: a TrainConfig (trains with `hvdtrain.fit(config)` on every task), or a function
-            to run on every task (it may build its own hvdtrain.Trainer).
-        *args, **kwargs: arguments for the function; they must be picklable (cloudpickle).
+            to run on every task (it may build its own hvdtrain.Trainer). With df: a torch.nn.Module,
+            a TrainConfig (its model is built for the data's width and classes), or None (config.model).
+        *args, **kwargs: arguments for the function; they must be picklable (cloudpickle). With df,
+            keyword arguments are config values (epochs=5, lr=0.05, batch_size=64, ...).
+        df: a Spark DataFrame to train on.
+        feature_cols: numeric columns, arrays of numbers or ML vectors; concatenated into one float vector.
+        label_cols: one column (integers/strings/booleans: classes; floats: regression), or several float
+            columns (one multi-output regression target).
+        validation: the fraction of rows held out (chosen by rand(seed)), a boolean/0-1 column marking
+            them, or None.
+        store: where the DataFrame is written once as Parquet: a local or shared folder, or a URL
+            pyarrow or fsspec opens (hdfs://, s3://, gs://...). Every executor must reach it.
+        run_id: names the materialisation (default: a digest of the DataFrame's plan and the columns);
+            an existing one is reused without writing.
+        partitions: repartition to this many Parquet files before writing (default: the DataFrame's).
+        row_group_mb: Parquet row group size; a rank holds about two of these (Arrow + tensor) at a time.
+        loss_fn, metrics: as for hvdtrain.Trainer.
         num_proc: number of Horovod workers = concurrent Spark tasks; the session needs that many slots.
-        spark: the SparkSession to use. Default: the active one; else, under spark-submit, the one it
-            configured; else a local[num_proc] session is started (and said so) and stopped afterwards.
-        all_ranks: return every rank's result as a list instead of rank 0's.
+        spark: the SparkSession to use. Default: the active one (df's with df); else, under
+            spark-submit, the one it configured; else a local[num_proc] session, stopped afterwards.
+        all_ranks: return every rank's result as a list instead of rank 0's (not with df).
         start_timeout: seconds to wait for Spark to start all `num_proc` tasks.
         network_interfaces: NICs for Horovod's traffic; default ["lo"] on a local master, else all
             interfaces common to the executors.
         env: extra environment variables for the workers (PYTHONPATH is set to this process's).
     Returns:
-        Rank 0's return value (for a TrainConfig: its History), or the list of all ranks' values.
+        Rank 0's return value (for a TrainConfig: its History), the list of all ranks' values, or
+        with df a SparkModel (`.model`, `.history`, `.transform(df)`).
     Raises:
         WorkerError: a worker raised; the message names the rank, its host and its traceback.
         LaunchError: bad arguments, too few task slots, or Spark could not start the tasks.
+        UserError: with df, a missing or non-numeric column, an empty DataFrame, fewer rows than workers.
     Example:
-        >>> history = hvdtrain.spark.runner.fit(hvdtrain.load_config(model="mlp", epochs=5), num_proc=2, spark=spark)
-        >>> history[-1]["val_acc"], history.summary["run_dir"]
+        >>> history = hvdtrain.spark.fit(hvdtrain.load_config(model="mlp", epochs=5), num_proc=2, spark=spark)
+        >>> result = hvdtrain.spark.fit(MyNet(), df=df, feature_cols=["features"], label_cols=["label"],
+        ...                             store="/shared/hvdtrain-store", num_proc=2, epochs=5)
+        >>> result.transform(test_df).select("label", "prediction").show()
     """
     if num_proc < 1:
         raise LaunchError(f"num_proc must be >= 1, got {num_proc}")
+    if df is not None:
+        from hvdtrain.spark.dataframe import fit_dataframe
+
+        def launch(fn: Callable[..., Any], job: Any) -> list[Any]:
+            return _on_spark(fn, (job,), {}, num_proc, spark or df.sparkSession, True, start_timeout,
+                             network_interfaces, env)
+
+        return fit_dataframe(config_or_fn, df, feature_cols=feature_cols, label_cols=label_cols,
+                             validation=validation, store=store, num_proc=num_proc, run_id=run_id,
+                             partitions=partitions, row_group_mb=row_group_mb, loss_fn=loss_fn,
+                             metrics=metrics, launch=launch, overrides=kwargs)
     fn, args = target(config_or_fn, args, "hvdtrain.spark.runner.fit")
+    return _on_spark(fn, args, kwargs, num_proc, spark, all_ranks, start_timeout, network_interfaces, env)
+
+
+def _on_spark(fn: Callable[..., Any], args: tuple, kwargs: dict, num_proc: int, spark: Any, all_ranks: bool,
+              start_timeout: int, network_interfaces: list[str] | None, env: dict[str, str] | None) -> Any:
     check_picklable(fn, args, kwargs)
     try:
         from pyspark import SparkContext
@@ -135,14 +180,19 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_proc: in
             raise LaunchError(f"num_proc {num_proc} needs {num_proc} concurrent Spark tasks but master "
                               f"{context.master} with spark.task.cpus={task_cpus} runs {slots}; "
                               "use fewer processes or more cores")
-        if fn is fit_config:
-            args = (_spark_config(args[0], task_cpus), *args[1:])
+        from hvdtrain.spark.dataframe import DataFrameJob
+
+        args = tuple(_spark_config(a, task_cpus) if isinstance(a, TrainConfig) else
+                     dataclasses.replace(a, config=_spark_config(a.config, task_cpus))
+                     if isinstance(a, DataFrameJob) else a for a in args)
         if network_interfaces is None and slots is not None:
             network_interfaces = ["lo"]
         # Workers import what this process can: functions pickled by reference need their modules.
-        worker_env = {**(env or {}), "PYTHONPATH": worker_pythonpath(os.environ.get("PYTHONPATH", ""))}
+        public, secrets = split_env(env or {})
+        worker_env = {**public, "PYTHONPATH": worker_pythonpath(os.environ.get("PYTHONPATH", ""))}
         # Horovod would start the workers with this process's Python; the executors' may live elsewhere.
-        results = _run(Guarded(fn, args, kwargs), num_proc, start_timeout, network_interfaces, worker_env,
+        # Credentials ride in the pickled job, like launch()'s (Spark's env goes by RPC today, but one rule).
+        results = _run(Guarded(fn, args, kwargs, secrets), num_proc, start_timeout, network_interfaces, worker_env,
                        context.pythonExec)
     finally:
         if created is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pyspark  # noqa: F401 - a missing pyspark is a setup bug (EXTRAS in the Makefile), not a skip
 import pytest
 from conftest import ROOT, show
+from spark_support import SPARK_ENV, local_session, needs_java
 from worker_fns import _raise_on_rank_1
 
 import hvdtrain
@@ -22,32 +22,9 @@ import hvdtrain.spark.runner
 from hvdtrain.errors import LaunchError, WorkerError
 
 
-def _java() -> str | None:
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
-        return str(Path(home) / "bin" / "java")
-    return shutil.which("java")
-
-
-needs_java = pytest.mark.skipif(_java() is None, reason="Spark 4 needs Java 17/21 (java on PATH or JAVA_HOME); "
-                                                        "none found, so the Spark tests cannot run here")
-SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
-
-
 @pytest.fixture(scope="module")
 def spark():
-    """One local[2] session for the module (a JVM start costs seconds), stopped at the end."""
-    from pyspark.sql import SparkSession
-
-    saved = dict(os.environ)
-    os.environ.update(SPARK_ENV)  # read when the JVM and the context start
-    try:
-        session = (SparkSession.builder.master("local[2]").appName("hvdtrain-tests")
-                   .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                   .getOrCreate())
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    session = local_session("hvdtrain-tests")
     yield session
     session.stop()
 

@@ -76,3 +76,50 @@ def test_bad_dataset_specs(spec, message):
     with pytest.raises(UserError) as err:
         build_data(TrainConfig(dataset=spec))
     assert message in str(err.value)
+
+
+def _sorted_table(tmp_path, files: int = 3, rows: int = 40, group: int = 10) -> list[str]:
+    """Rows 0..files*rows-1 in order (label = row id % 2), `group` rows per row group."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = []
+    for f in range(files):
+        ids = list(range(f * rows, (f + 1) * rows))
+        path = tmp_path / f"part-{f}.parquet"
+        pq.write_table(pa.table({"x": [float(i) for i in ids], "v": [[float(i), -1.0] for i in ids],
+                                 "y": [i % 2 for i in ids]}), path, row_group_size=group)
+        paths.append(str(path))
+    return paths
+
+
+def test_a_stream_gives_each_rank_its_rows_once_shuffled_inside_groups_and_reads_only_its_groups(tmp_path):
+    from hvdtrain.data.streaming import ParquetStream
+
+    files = _sorted_table(tmp_path)
+    seen = []
+    for rank in (0, 1):
+        stream = ParquetStream(files, "x,v", "y", [0, 1], batch_size=8, seed=3)
+        stream.set_shard(rank, 2)
+        rows = [int(x[0].item()) for x, _ in stream]
+        assert len(rows) == 60 and stream.rows_read <= 60 + 2 * 10   # its block, plus two boundary groups
+        assert all(x.tolist() == [x[0].item(), x[0].item(), -1.0] for x, _ in stream)   # scalar, then the array
+        seen += rows
+    assert sorted(seen) == list(range(120))                          # every row once across ranks
+    # A sorted table still mixes: inside each group of 10 the order is not ascending.
+    assert any(seen[i:i + 10] != sorted(seen[i:i + 10]) for i in range(0, 120, 10))
+
+
+def test_a_parquet_table_reads_each_group_once_in_strided_order_and_takes_several_float_labels(tmp_path):
+    from hvdtrain.data.streaming import ParquetTable
+
+    files = _sorted_table(tmp_path)
+    table = ParquetTable(files, ["v"], "y", [0, 1])
+    assert len(table) == 120 and table[57][0].tolist() == [57.0, -1.0] and table[57][1].item() == 1
+    strided = ParquetTable(files, ["v"], "y", [0, 1])
+    assert [int(strided[i][0][0]) for i in range(1, 120, 2)] == list(range(1, 120, 2))
+    assert strided.rows_read == 120                                  # 12 groups, each loaded once
+    regression = ParquetTable(files, ["v"], ["x", "x"], None)
+    with pytest.raises(UserError, match="label columns y are not floats"):
+        ParquetTable(files, ["v"], ["x", "y"], None)[0]
+    assert regression[5][1].tolist() == [5.0, 5.0]

@@ -1,0 +1,267 @@
+"""The store: a DataFrame materialised once as Parquet, where every rank can stream its row groups.
+
+Layout under the store (a local or shared path, or a URL pyarrow/fsspec can open: hdfs://, s3://):
+
+    STORE/hvdtrain-data/KEY/train/...parquet   the training rows
+    STORE/hvdtrain-data/KEY/val/...parquet     the held-out rows (when validation is asked for)
+    STORE/hvdtrain-data/KEY/_meta.json         columns, classes, row counts; written last
+
+KEY is the run_id when given, else a digest of the DataFrame's plan (Spark's semanticHash), its
+schema, the chosen columns and the validation split: the same DataFrame fitted again reuses the files
+(a `_meta.json` is there), a changed one is written anew. Spark writes into a staging folder that is
+renamed when complete and removed on any error, so the store never holds a half-written dataset.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from hvdtrain.errors import UserError
+
+FOLDER = "hvdtrain-data"
+VAL_FLAG = "__hvdtrain_val"
+
+
+@dataclass(frozen=True)
+class Materialized:
+    """What the workers need to stream a materialised DataFrame."""
+    store: str                  # the store URL/path as given
+    key: str
+    train_files: list[str]      # paths on the store's filesystem
+    val_files: list[str]
+    feature_cols: list[str]
+    label_cols: list[str]
+    classes: list[Any] | None   # None: regression
+    train_rows: int
+    val_rows: int
+    reused: bool = False
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.classes) if self.classes is not None else len(self.label_cols)
+
+    def filesystem(self) -> Any:
+        return filesystem_of(self.store)[0]
+
+
+def filesystem_of(store: str) -> tuple[Any, str]:
+    """(pyarrow FileSystem, path on it) for a local path or a URL; fsspec's where pyarrow has none."""
+    import pyarrow.fs as pafs
+
+    if "://" not in store:
+        return pafs.LocalFileSystem(), os.path.abspath(store)
+    url = re.sub(r"^s3a://", "s3://", store)    # Spark's Hadoop name for S3; pyarrow calls it s3
+    try:
+        return pafs.FileSystem.from_uri(url)
+    except Exception as arrow_err:  # pyarrow built without this filesystem: try fsspec's
+        try:
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(url)
+            return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+        except Exception:
+            raise UserError(f"cannot open store {store}: {str(arrow_err).splitlines()[0][:160]}; use a local or "
+                            "shared path, or install the filesystem's package (e.g. s3fs, gcsfs)") from None
+
+
+def spark_url(store: str, path: str) -> str:
+    """`path` (on the store's filesystem) as Spark's writers name it."""
+    if "://" not in store:
+        return "file://" + path
+    scheme = store.split("://", 1)[0]
+    scheme = "s3a" if scheme == "s3" else scheme
+    return f"{scheme}://{path}" if not path.startswith(f"{scheme}://") else path
+
+
+def check_columns(schema: Any, feature_cols: list[str], label_cols: list[str], validation: Any) -> None:
+    """One-line UserErrors for columns that are missing or not numbers, before anything runs."""
+    from pyspark.sql import types as T
+
+    if not feature_cols:
+        raise UserError("feature_cols is empty; name the DataFrame's feature columns, e.g. feature_cols=['features']")
+    if not label_cols:
+        raise UserError("label_cols is empty; name the label column, e.g. label_cols=['label']")
+    fields = {f.name: f.dataType for f in schema.fields}
+    wanted = [*feature_cols, *label_cols] + ([validation] if isinstance(validation, str) else [])
+    missing = [c for c in wanted if c not in fields]
+    if missing:
+        raise UserError(f"column(s) {', '.join(missing)} not in the DataFrame (columns: {', '.join(fields)})")
+    overlap = sorted(set(feature_cols) & set(label_cols))
+    if overlap:
+        raise UserError(f"column(s) {', '.join(overlap)} are both features and labels; leave them out of feature_cols")
+    numeric = (T.NumericType, T.BooleanType)
+    for name in feature_cols:
+        kind = fields[name]
+        element = kind.elementType if isinstance(kind, T.ArrayType) else kind
+        if not (isinstance(element, numeric) or _is_vector(kind)):
+            raise UserError(f"feature column {name} is {kind.simpleString()}, not numeric (numbers, arrays of "
+                            "numbers or ML vectors); encode it as numbers or leave it out of feature_cols")
+    for name in label_cols:
+        if not isinstance(fields[name], (*numeric, T.StringType)):
+            raise UserError(f"label column {name} is {fields[name].simpleString()}; use integer or string classes, "
+                            "or floats for regression")
+    if isinstance(validation, str) and not isinstance(fields[validation], (T.BooleanType, T.IntegralType)):
+        raise UserError(f"validation column {validation} is {fields[validation].simpleString()}; it must be "
+                        "boolean (true = held out) or 0/1")
+
+
+def _is_vector(kind: Any) -> bool:
+    return type(kind).__name__ == "VectorUDT"
+
+
+def data_key(df: Any, feature_cols: list[str], label_cols: list[str], validation: Any, seed: int,
+             run_id: str | None) -> str:
+    if run_id:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", run_id):
+            raise UserError(f"run_id {run_id!r} must be 1-100 letters, digits, '.', '_' or '-'")
+        return run_id
+    plan = [df.semanticHash(), df.schema.json(), feature_cols, label_cols, repr(validation), seed]
+    return "df-" + hashlib.sha256(json.dumps(plan, default=str).encode()).hexdigest()[:16]
+
+
+def materialize(df: Any, store: str, feature_cols: list[str], label_cols: list[str], validation: float | str | None,
+                *, seed: int = 42, run_id: str | None = None, min_rows: int = 1, partitions: int | None = None,
+                row_group_mb: int = 8) -> Materialized:
+    """Write the DataFrame's chosen columns to the store once (or find them there); see the module doc.
+
+    Args:
+        validation: a fraction of rows held out (rand(seed) < fraction), a boolean column naming them, or
+            None/0 for none.
+        min_rows: fewer training rows than this (the number of workers) is an error.
+        partitions: repartition to this many files first (None: one file per DataFrame partition).
+        row_group_mb: Parquet row group size: the unit a worker holds in memory.
+    """
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    check_columns(df.schema, feature_cols, label_cols, validation)
+    if row_group_mb < 1:
+        raise UserError(f"row_group_mb must be >= 1, got {row_group_mb}")
+    if isinstance(validation, (int, float)) and not isinstance(validation, bool) and not 0 <= validation < 1:
+        raise UserError(f"validation {validation} must be a fraction in [0, 1) or a column name")
+    fs, root = filesystem_of(store)
+    key = data_key(df, feature_cols, label_cols, validation, seed, run_id)
+    final = f"{root}/{FOLDER}/{key}"
+    found = _read_meta(fs, final)
+    if found is not None:
+        return Materialized(store=store, key=key, reused=True, **found)
+
+    columns = [vector_to_array(F.col(c)).alias(c) if _is_vector(df.schema[c].dataType) else F.col(c)
+               for c in [*feature_cols, *label_cols]]
+    if isinstance(validation, str):
+        flag = F.col(validation).cast("boolean")
+    else:
+        flag = F.rand(seed) < F.lit(float(validation or 0))
+    out = df.select(*columns, flag.alias(VAL_FLAG))
+    if partitions:
+        out = out.repartition(partitions)
+    staging = f"{root}/{FOLDER}/.staging-{key}-{uuid.uuid4().hex[:8]}"
+    created_root = not _exists(fs, root)
+    try:
+        (out.write.mode("errorifexists").partitionBy(VAL_FLAG)
+         .option("parquet.block.size", str(row_group_mb << 20))
+         .parquet(spark_url(store, staging)))
+        train_files = _parquet_files(fs, f"{staging}/{VAL_FLAG}=false")
+        val_files = _parquet_files(fs, f"{staging}/{VAL_FLAG}=true")
+        train_rows, val_rows = _rows(fs, train_files), _rows(fs, val_files)
+        if train_rows < max(min_rows, 1):
+            raise UserError(f"the DataFrame has {train_rows} training row(s) for {min_rows} worker(s) "
+                            f"({val_rows} held out); every worker needs at least one row" if train_rows else
+                            f"the DataFrame has no training rows ({val_rows} held out); check its filter/source")
+        if validation and not val_rows:
+            raise UserError(f"validation {validation!r} held out no rows of {train_rows}; use a larger fraction, "
+                            "mark some rows in the column, or validation=None")
+        classes = _classes(fs, train_files, label_cols)
+        fs.move(staging, final)
+        meta: dict[str, Any] = {"train_files": [f.replace(staging, final, 1) for f in train_files],
+                "val_files": [f.replace(staging, final, 1) for f in val_files],
+                "feature_cols": feature_cols, "label_cols": label_cols, "classes": classes,
+                "train_rows": train_rows, "val_rows": val_rows}
+        _write_meta(fs, final, meta)
+    except BaseException:
+        _remove(fs, staging)
+        if _read_meta(fs, final) is None:  # moved but not yet marked complete
+            _remove(fs, final)
+        _remove_empty(fs, f"{root}/{FOLDER}")
+        if created_root:
+            _remove_empty(fs, root)
+        raise
+    return Materialized(store=store, key=key, **meta)
+
+
+def _classes(fs: Any, files: list[str], label_cols: list[str]) -> list[Any] | None:
+    """Sorted class values of one integer/string/boolean label; None for float labels (regression).
+    Reads the label column alone (small next to the features)."""
+    import pyarrow.dataset as ds
+    import pyarrow.types as pat
+
+    data = ds.dataset(files, format="parquet", filesystem=fs)
+    kind = data.schema.field(label_cols[0]).type
+    if len(label_cols) > 1 or pat.is_floating(kind):
+        return None
+    return sorted(set(data.to_table(columns=[label_cols[0]]).column(0).to_pylist()))
+
+
+def _parquet_files(fs: Any, folder: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    if fs.get_file_info(folder).type == pafs.FileType.NotFound:
+        return []
+    infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True))
+    return sorted(i.path for i in infos if i.is_file and i.path.endswith(".parquet"))
+
+
+def _rows(fs: Any, files: list[str]) -> int:
+    from hvdtrain.data.streaming import open_parquet
+
+    return sum(open_parquet(f, fs).metadata.num_rows for f in files)
+
+
+def _read_meta(fs: Any, folder: str) -> dict[str, Any] | None:
+    import pyarrow.fs as pafs
+
+    path = f"{folder}/_meta.json"
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as stream:
+        meta = json.loads(stream.read())
+    if "store" in meta or "key" in meta:  # written by a newer layout: not ours to interpret
+        return None
+    return meta
+
+
+def _write_meta(fs: Any, folder: str, meta: dict[str, Any]) -> None:
+    # Written last, to a temporary name then moved: its presence means the folder is complete.
+    with fs.open_output_stream(f"{folder}/_meta.json.tmp") as stream:
+        stream.write(json.dumps(meta, indent=1).encode())
+    fs.move(f"{folder}/_meta.json.tmp", f"{folder}/_meta.json")
+
+
+def _exists(fs: Any, path: str) -> bool:
+    import pyarrow.fs as pafs
+
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def _remove(fs: Any, path: str) -> None:
+    import pyarrow.fs as pafs
+
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(path)
+
+
+def _remove_empty(fs: Any, path: str) -> None:
+    import pyarrow.fs as pafs
+
+    if fs.get_file_info(path).type == pafs.FileType.Directory and not fs.get_file_info(
+            pafs.FileSelector(path, recursive=False)):
+        fs.delete_dir(path)
+
