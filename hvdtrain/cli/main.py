@@ -1,5 +1,5 @@
 """The `hvdtrain` command: `hvdtrain [train] [--config FILE] [--key value ...]`, and one module per other
-subcommand (predict, compress, tune, doctor, hosts, spark). Exit codes: 0 done, 2 a user error (one line),
+subcommand (predict, compress, tune, doctor, hosts, spark, launch). Exit codes: 0 done, 2 a user error (one line),
 1 a crash, 128+N stopped by signal N."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ USAGE = """usage: hvdtrain [train] [--config FILE] [--key value ...]
        hvdtrain doctor
        hvdtrain hosts check FILE | from-env [--format hostfile|H] [-o FILE]
        hvdtrain spark [--num-proc N] [--start-timeout S] [--config FILE] [--key value ...]
+       hvdtrain launch [--secrets-dir DIR] HOROVODRUN_ARGS...   (horovodrun, credentials kept off command lines)
        hvdtrain tune --space FILE --trials N [--np M] [--parallel K] [--mode job|inprocess] [--dir D] [--key value ...]
 
 Run under horovodrun for several workers, e.g.
@@ -61,8 +62,20 @@ def _report_crash(err: Exception) -> int:
     return 1
 
 
+def _take_secrets() -> None:
+    """Before any user code: credentials from HVDTRAIN_SECRETS_FILE, and a warning if some came on a command line."""
+    import os
+
+    from hvdtrain.launcher.secrets import leak_warning, load_secrets_file
+
+    loaded = load_secrets_file()
+    warning = leak_warning(os.environ, loaded)
+    if warning and os.environ.get("HOROVOD_RANK") == "0":  # once per job, not once per worker
+        print(f"hvdtrain: {warning}", file=sys.stderr, flush=True)
+
+
 # Each subcommand is hvdtrain/cli/NAME.py with main(args) -> exit code; imported only when used.
-SUBCOMMANDS = ("predict", "compress", "tune", "doctor", "hosts", "spark")
+SUBCOMMANDS = ("predict", "compress", "tune", "doctor", "hosts", "spark", "launch")
 
 
 def _subcommand(name: str) -> Callable[[list[str]], int] | None:
@@ -77,6 +90,7 @@ def _subcommand(name: str) -> Callable[[list[str]], int] | None:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
+        _take_secrets()
         if args and args[0] == "help":
             args = ["--help"]
         command = _subcommand(args[0]) if args else None

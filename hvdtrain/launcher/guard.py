@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -36,12 +36,19 @@ class Failure:
 
 
 class Guarded:
-    """Runs the user function on a worker; an exception comes back as a value with rank and traceback."""
+    """Runs the user function on a worker; an exception comes back as a value with rank and traceback.
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    `secrets` (credential variables) travel inside this pickled object, through Horovod's own service
+    connection, because horovodrun would put environment values on the workers' command lines.
+    """
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                 secrets: dict[str, str] | None = None) -> None:
         self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.secrets = secrets or {}
 
     def __call__(self) -> Any:
+        os.environ.update(self.secrets)
         try:
             return self.fn(*self.args, **self.kwargs)
         except BaseException as err:  # noqa: B036 - everything must reach the caller, even SystemExit
@@ -105,12 +112,15 @@ def rank0_result(results: list[Any], all_ranks: bool) -> Any:
 
 
 @contextmanager
-def patched_environ(values: dict[str, str] | None = None, defaults: dict[str, str] | None = None) -> Iterator[None]:
-    """Inside: os.environ with `values` set and `defaults` set where absent. After: exactly as before.
+def patched_environ(values: dict[str, str] | None = None, defaults: dict[str, str] | None = None,
+                    drop: Iterable[str] = ()) -> Iterator[None]:
+    """Inside: os.environ with `values` set, `defaults` set where absent, `drop` removed. After: exactly as before.
 
     Launchers read the environment when they start workers; the caller's process keeps its own.
     """
     saved = dict(os.environ)
+    for key in drop:
+        os.environ.pop(key, None)
     os.environ.update(values or {})
     for key, value in (defaults or {}).items():
         os.environ.setdefault(key, value)

@@ -19,6 +19,7 @@ from hvdtrain.launcher.guard import (
     target,
     worker_pythonpath,
 )
+from hvdtrain.launcher.secrets import split_env
 
 
 def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int = 2, hosts: str | None = None,
@@ -36,7 +37,9 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
         use_mpi: launch with MPI instead of Gloo.
         network_interfaces: NICs for Horovod's traffic; default ["lo"] on localhost.
         start_timeout: seconds to wait for all workers to start.
-        env: extra environment variables for the workers.
+        env: extra environment variables for the workers. Credential-like ones (secrets.is_credential),
+            here or in this process's environment, reach the workers inside the pickled job, never on
+            a command line; the rest go the way horovodrun sends its environment.
     Returns:
         Rank 0's return value (for a TrainConfig: its History), or the list of all ranks' values.
     Raises:
@@ -60,9 +63,11 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
 
     # Workers import what this process can: functions pickled by reference need their modules.
     pythonpath = worker_pythonpath((env or {}).get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+    # horovodrun (Gloo) writes its environment's values onto every worker's command line.
+    public, secrets = split_env({**os.environ, **(env or {})})
     try:
-        with patched_environ({**(env or {}), "PYTHONPATH": pythonpath}):
-            results = horovod.runner.run(Guarded(fn, args, kwargs), num_proc=np, hosts=hosts,
+        with patched_environ({**public, "PYTHONPATH": pythonpath}, drop=set(os.environ) - set(public)):
+            results = horovod.runner.run(Guarded(fn, args, kwargs, secrets), num_proc=np, hosts=hosts,
                                          use_gloo=not use_mpi, use_mpi=use_mpi,
                                          network_interfaces=network_interfaces, start_timeout=start_timeout,
                                          disable_cache=True)

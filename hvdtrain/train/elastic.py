@@ -7,15 +7,31 @@ ride in the state (`start`), and each restart adopts them here.
 """
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hvdtrain.distributed import dist
 from hvdtrain.errors import UserError
+from hvdtrain.output.console import console
+from hvdtrain.train import checkpoint
 from hvdtrain.train.progress import Progress
 from hvdtrain.train.resume import apply_resume
 
 if TYPE_CHECKING:
     from hvdtrain.train.trainer import Trainer
+
+# Set by `hvdtrain launch` to its --start-timeout: how long a job may wait below --min-np for hosts.
+WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
+DEFAULT_WAIT_S = 120.0
+# A normal recovery re-forms the world in seconds; still waiting after this, the old rank 0 saves the last commit.
+SAVE_AFTER_S = 10.0
+# After the launcher's bound: the launcher (hvdtrain launch) has ended the job by now; under plain
+# horovodrun nothing else would, so each worker gives up on its own.
+GIVE_UP_EXTRA_S = 30.0
 
 
 class ElasticRun:
@@ -30,6 +46,10 @@ class ElasticRun:
         self.state: Any = None
         self._own_stats: Any = None
         self._final: Progress | None = None
+        self._claim: Path | None = None     # this rank saves the last commit while waiting (see below)
+        # The timers' callbacks act only while the world is re-forming, and training waits for one that runs.
+        self._reset_lock = threading.Lock()
+        self._resetting = False
 
     def run(self, progress: Progress, end_epoch: int) -> Progress:
         """Train until end_epoch, surviving workers that leave or join; returns where training ended."""
@@ -38,7 +58,7 @@ class ElasticRun:
         self.state = dist.elastic_state(trainer.model, trainer.optimizer, progress=progress.copy(),
                                         start=self.start)
         self.state.register_reset_callbacks([self._on_reset])
-        dist.run_elastic(self._attempt)(self.state, end_epoch)
+        dist.run_elastic(self._attempt, while_resetting=self._waiting_for_world)(self.state, end_epoch)
         self.start = self.state.start
         assert self._final is not None
         return self._final
@@ -80,3 +100,60 @@ class ElasticRun:
         # The sync that follows hands every rank rank 0's sums, which would count rank 0's share once per worker.
         self._own_stats = self.state.progress.stats
         self.trainer._fit_to_world(dist.world())
+
+    @contextmanager
+    def _waiting_for_world(self) -> Iterator[None]:
+        """Around Horovod's re-forming of the world: below --min-np it may never end (horovod#3494)."""
+        wait_s = float(os.environ.get(WAIT_ENV) or DEFAULT_WAIT_S)
+        timers = [threading.Timer(min(SAVE_AFTER_S, wait_s / 2), self._save_last_commit),
+                  threading.Timer(wait_s + GIVE_UP_EXTRA_S, self._give_up, args=(wait_s + GIVE_UP_EXTRA_S,))]
+        self._resetting = True
+        for timer in timers:
+            timer.daemon = True
+            timer.start()
+        try:
+            yield
+        finally:
+            for timer in timers:
+                timer.cancel()
+            with self._reset_lock:   # a save in progress finishes before training changes the weights
+                self._resetting = False
+            if self._claim is not None:
+                self._claim.unlink(missing_ok=True)
+                self._claim = None
+
+    def _save_last_commit(self) -> None:
+        with self._reset_lock:
+            if self._resetting:
+                self._save_while_waiting()
+
+    def _save_while_waiting(self) -> None:
+        """While no collective can run: one survivor, whichever claims it first, writes the last commit.
+
+        Every survivor holds the same committed model, optimizer and progress (rank 0 may be the one lost);
+        the claim is a file beside the checkpoints, which every rank reaches (the run directory is shared).
+        """
+        trainer = self.trainer
+        if not trainer.run_path:
+            return
+        p = self.state.progress     # the committed copy: the restored weights match it
+        folder = checkpoint.checkpoint_dir(trainer.run_path)
+        claim = folder / f".last-commit-{p.step:09d}.claim"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
+        self._claim = claim
+        # This rank's RNG state and metric sums alone: the file reads as a one-worker run (see resume.py).
+        path = trainer._write_checkpoint(p, [(checkpoint.rng_state(), p.stats)])
+        console.error(f"note: the workers have not re-formed after {SAVE_AFTER_S:g} s; in case they never do, "
+                      f"rank {trainer.world.rank} saved the last commit (step {p.step}) to {path}")
+
+    def _give_up(self, waited_s: float) -> None:
+        with self._reset_lock:
+            if not self._resetting:
+                return
+        console.error(f"error: rank {self.trainer.world.rank}: no new set of workers within {waited_s:g} s "
+                      "(fewer than --min-np left?); giving up; resume with --resume auto")
+        os._exit(1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from hvdtrain.config.train_config import TrainConfig, to_yaml
-from hvdtrain.errors import ConfigError, UserError
+from hvdtrain.errors import ConfigError
+from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
 from hvdtrain.train.lr_schedule import scaled_lr
 from hvdtrain.tuning.report import Progress
 from hvdtrain.tuning.settings import TuneSettings
@@ -48,16 +48,6 @@ class Job:
         return Path(self.config.run_dir) / self.config.name
 
 
-def horovodrun() -> str:
-    """horovodrun beside this Python (a virtualenv's), else on PATH."""
-    local = Path(sys.executable).parent / "horovodrun"
-    found = str(local) if local.exists() else shutil.which("horovodrun")
-    if not found:
-        raise UserError("horovodrun not found beside this Python or on PATH; run `make setup` or "
-                        "scripts/install-horovod (or use --mode inprocess under your own launcher)")
-    return found
-
-
 def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
     """The trial's launch command: `horovodrun -np M -H HOSTS --gloo ... python -m hvdtrain --config FILE`."""
     hosts = settings.hosts or f"localhost:{settings.np}"
@@ -77,13 +67,24 @@ def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress:
         >>> run_jobs(open_study(settings), load_space("space.yaml"), load_config("base.yaml"), Progress(settings))
     """
     settings = study.settings
+    # Credentials reach the workers in a 0600 file beside the trials' run dirs, never on a command line.
+    env, secrets_file, _ = worker_env(os.environ, Path(settings.dir).resolve())
+    try:
+        _run_all(study, space, base, progress, env)
+    finally:
+        remove_quietly(secrets_file)
+
+
+def _run_all(study: Study, space: dict[str, Param], base: TrainConfig, progress: Progress,
+             env: dict[str, str]) -> None:
+    settings = study.settings
     running: list[Job] = []
     failures = 0
     try:
         while True:
             while (len(running) < settings.parallel and study.remaining() > len(running)
                    and failures < settings.failure_limit):
-                job = _start(study, space, base)
+                job = _start(study, space, base, env)
                 if job is None:
                     failures += 1
                     progress.trial_done(study, study.optuna.trials[-1])
@@ -109,7 +110,7 @@ def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress:
         raise
 
 
-def _start(study: Study, space: dict[str, Param], base: TrainConfig) -> Job | None:
+def _start(study: Study, space: dict[str, Param], base: TrainConfig, env: dict[str, str]) -> Job | None:
     settings = study.settings
     folder = Path(settings.dir).resolve() / "trials"
     folder.mkdir(parents=True, exist_ok=True)
@@ -132,7 +133,7 @@ def _start(study: Study, space: dict[str, Param], base: TrainConfig) -> Job | No
     log = log_file.open("wb")
     proc = subprocess.Popen(job_command(config_file, settings), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            env=dict(env, PYTHONUNBUFFERED="1"))
     # What a later run needs to stop this job should this process die (the config path marks it as ours).
     trial.set_user_attr("job_pid", proc.pid)
     trial.set_user_attr("job_config", str(config_file))

@@ -17,24 +17,34 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from conftest import BIN, ROOT, kill_tree
 
 THREE_HOSTS = "localhost:2\n127.0.0.1:1\n"
 TRAIN_SAMPLES = 1438  # digits minus the held-out 20%
 
 
-def start_elastic(tmp_path: Path, launcher_args: list[str], gloo_timeout: int) -> tuple[subprocess.Popen, Path]:
+HOROVODRUN = [str(BIN / "horovodrun")]
+HVDTRAIN_LAUNCH = [sys.executable, "-m", "hvdtrain", "launch"]
+
+
+def start_elastic(tmp_path: Path, launcher_args: list[str], gloo_timeout: int, launcher: list[str] = HOROVODRUN,
+                  start_timeout: int = 120, epochs: int = 12) -> tuple[subprocess.Popen, Path]:
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(THREE_HOSTS)
-    cmd = [str(BIN / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3", *launcher_args,
+    if launcher == HVDTRAIN_LAUNCH:   # its credentials file (if any) in the test's folder, not the checkout
+        launcher = [*launcher, "--secrets-dir", str(tmp_path)]
+    cmd = [*launcher, "-np", "3", "--min-np", "2", "--max-np", "3", *launcher_args,
            "--host-discovery-script", str(ROOT / "hostfiles" / "discover-hosts.sh"), "--gloo",
-           "--network-interfaces", "lo", "--gloo-timeout-seconds", str(gloo_timeout), "--start-timeout", "120",
+           "--network-interfaces", "lo", "--gloo-timeout-seconds", str(gloo_timeout),
+           "--start-timeout", str(start_timeout),
            "--disable-cache", sys.executable, "-m", "hvdtrain", "--elastic", "true",
            "--dataset", "elastic_probe:indexed_digits", "--model", "elastic_probe:probe_mlp", "--hidden", "256",
-           "--epochs", "12", "--batch-size", "16", "--commit-steps", "5", "--threads", "1",
+           "--epochs", str(epochs), "--batch-size", "16", "--commit-steps", "5", "--threads", "1",
            "--run-dir", str(tmp_path), "--name", "elastic"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HVDTRAIN_HOSTS_FILE=str(hosts),
-               PYTHONPATH=str(ROOT / "tests" / "plugins"), ELASTIC_PROBE_LOG=str(tmp_path / "probe"))
+               PYTHONPATH=str(ROOT / "tests" / "plugins"), ELASTIC_PROBE_LOG=str(tmp_path / "probe"),
+               ELASTIC_PROBE_HOLD=str(tmp_path / "hold"))
     log = (tmp_path / "horovodrun.log").open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, hosts
@@ -44,8 +54,8 @@ def start_elastic(tmp_path: Path, launcher_args: list[str], gloo_timeout: int) -
 def elastic_job(tmp_path):
     started: list[subprocess.Popen] = []
 
-    def start(launcher_args: list[str] | None = None, gloo_timeout: int = 5):
-        proc, hosts = start_elastic(tmp_path, launcher_args or [], gloo_timeout)
+    def start(launcher_args: list[str] | None = None, gloo_timeout: int = 5, **options):
+        proc, hosts = start_elastic(tmp_path, launcher_args or [], gloo_timeout, **options)
         started.append(proc)
         return proc, hosts
 
@@ -238,3 +248,48 @@ def test_elastic_resume_and_bad_input_reach_every_worker(tmp_path):
     epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()
               if json.loads(line)["kind"] == "epoch"]
     assert epochs == [0, 1]
+
+
+WAIT_S = 20  # --start-timeout: how long the job may wait below --min-np for hosts to come back
+
+
+def checkpoints(tmp_path: Path) -> list[Path]:
+    folder = tmp_path / "elastic" / "checkpoints"
+    return sorted(folder.glob("ckpt-*.pt")) if folder.exists() else []
+
+
+@pytest.mark.parametrize("how", ["removed", "killed"])
+def test_below_min_np_the_job_saves_then_ends_with_one_line_naming_the_lost_host(tmp_path, elastic_job, how):
+    """horovod#3494: below --min-np Horovod waits for ever (removed) or 600 s (killed); hvdtrain launch bounds it."""
+    proc, hosts = elastic_job(launcher=HVDTRAIN_LAUNCH, start_timeout=WAIT_S)
+    wait_until(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")
+    before = checkpoints(tmp_path)    # one per epoch end so far
+    lost_at, lost_wall = time.monotonic(), time.time()
+    if how == "removed":
+        rewrite(hosts, "127.0.0.1:1\n")    # 1 slot left of --min-np 2
+    else:  # Horovod drops the whole host of a failed worker: localhost's 2 slots
+        worker_on(proc, "localhost").send_signal(signal.SIGKILL)
+    proc.wait(timeout=WAIT_S + 60 + 30)
+    took = time.monotonic() - lost_at
+    log = (tmp_path / "horovodrun.log").read_text()
+    print(f"below --min-np ({how}): the job exited {proc.returncode} after {took:.1f} s (bound {WAIT_S + 60} s)")
+    assert proc.returncode == 1, log[-4000:]
+    assert took < WAIT_S + 60, log[-4000:]
+    errors = [line for line in log.splitlines() if line.startswith("hvdtrain: error:")]
+    assert len(errors) == 1 and "lost host(s) localhost;" in errors[0] and "--min-np 2" in errors[0], errors
+    # A survivor (rank 0 itself when it lives on) saves the last commit before the job ends.
+    saved = [line for line in log.splitlines() if "saved the last commit" in line]
+    assert len(saved) == 1 and log.index(saved[0]) < log.index(errors[0]), log[-4000:]
+    path = Path(saved[0].rsplit(" to ", 1)[1])
+    assert path in checkpoints(tmp_path) and path.stat().st_mtime > lost_wall, (before, path)
+    last_commit = max(line["call"] for line in probe_lines(tmp_path))   # at most commit_steps later
+    assert last_commit - 5 <= torch.load(path, weights_only=True)["progress"]["step"] <= last_commit
+    assert "Traceback" not in log[log.index(errors[0]):], log[log.index(errors[0]):][:3000]
+    # The saved commit is a checkpoint like any other: one process resumes from it and finishes epoch 3.
+    resumed = subprocess.run([sys.executable, "-m", "hvdtrain", "--dataset", "elastic_probe:indexed_digits",
+                              "--model", "elastic_probe:probe_mlp", "--hidden", "256", "--epochs", "3",
+                              "--batch-size", "16", "--threads", "1", "--run-dir", str(tmp_path), "--name", "elastic",
+                              "--resume", "auto"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT / "tests" / "plugins"),
+                                      ELASTIC_PROBE_LOG=str(tmp_path / "resumed")))
+    assert resumed.returncode == 0 and f"resumed from {path}" in resumed.stdout, resumed.stdout + resumed.stderr

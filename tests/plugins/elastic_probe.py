@@ -16,6 +16,8 @@ from torch.utils.data import TensorDataset
 from hvdtrain.data.datasets import Data, digits
 from hvdtrain.models.builtin import mlp
 
+HOLD_SLEEP_S = 0.5
+
 
 def indexed_digits(config):
     data = digits(config)
@@ -28,15 +30,17 @@ def indexed_digits(config):
 
 
 class Probe(nn.Module):
-    def __init__(self, inner: nn.Module, log: str, sleep: float) -> None:
+    def __init__(self, inner: nn.Module, log: str, sleep: float, hold: str | None = None) -> None:
         super().__init__()
-        self.inner, self.log, self.sleep = inner, log, sleep
+        self.inner, self.log, self.sleep, self.hold = inner, log, sleep, hold
         self.register_buffer("calls", torch.zeros((), dtype=torch.long))
 
     def forward(self, x):
         if self.training:
             self.calls += 1
-            time.sleep(self.sleep)
+            # While the test's hold file exists, steps are slow, so the run outlasts the test's faults
+            # however long the machine takes to re-admit a host; removing it lets the run finish.
+            time.sleep(HOLD_SLEEP_S if self.hold and os.path.exists(self.hold) else self.sleep)
             with open(f"{self.log}.{os.getpid()}", "a") as handle:
                 handle.write(json.dumps({"t": time.time(), "call": int(self.calls),
                                          "rank": os.environ.get("HOROVOD_RANK"),
@@ -46,4 +50,5 @@ class Probe(nn.Module):
 
 def probe_mlp(config, input_shape, num_classes):
     inner = mlp(config, (input_shape[0] - 1,), num_classes)
-    return Probe(inner, os.environ["ELASTIC_PROBE_LOG"], float(os.environ.get("ELASTIC_PROBE_SLEEP_S", "0.02")))
+    return Probe(inner, os.environ["ELASTIC_PROBE_LOG"], float(os.environ.get("ELASTIC_PROBE_SLEEP_S", "0.02")),
+                 os.environ.get("ELASTIC_PROBE_HOLD"))

@@ -1,0 +1,59 @@
+"""`hvdtrain launch [--secrets-dir DIR] HOROVODRUN_ARGS...`: horovodrun, with credentials off every command line.
+
+Everything after the optional --secrets-dir goes to horovodrun unchanged. Credential-like variables
+(hvdtrain/launcher/secrets.py) go to the workers in a 0600 file in DIR (default: the launching
+directory, which horovodrun makes every worker's working directory, so it must be visible at the same
+path on every host, as a relative --run-dir must); the file is removed when horovodrun exits.
+An elastic job (--min-np or --host-discovery-script) ends with a one-line error naming the lost
+hosts when it has had fewer than --min-np slots for --start-timeout seconds (launcher/elastic_driver.py).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from hvdtrain.errors import UserError
+
+USAGE = "usage: hvdtrain launch [--secrets-dir DIR] HOROVODRUN_ARGS... (e.g. -np 2 -H a:1,b:1 python -m hvdtrain)"
+
+
+ELASTIC_FLAGS = ("--min-np", "--host-discovery-script")
+
+
+def is_elastic(args: list[str]) -> bool:
+    """As horovodrun decides: any of its elastic options makes the job elastic."""
+    return any(arg.split("=", 1)[0] in ELASTIC_FLAGS for arg in args)
+
+
+def main(args: list[str]) -> int:
+    from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
+    from hvdtrain.output.console import console
+
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE + "\n\n" + (__doc__ or "").split("\n\n", 1)[1])
+        return 0 if args else 2
+    secrets_dir = Path.cwd()
+    if args[0] == "--secrets-dir":
+        if len(args) < 2:
+            raise UserError(f"launch: --secrets-dir needs a folder; {USAGE}")
+        secrets_dir, args = Path(args[1]).resolve(), args[2:]
+    env, secrets_file, names = worker_env(os.environ, secrets_dir)
+    if names:
+        console.line(f"hvdtrain: {', '.join(names)} go to the workers in {secrets_file} (mode 0600), "
+                     "not on their command lines")
+    try:
+        # An elastic job runs horovodrun in a child Python that also bounds the time below --min-np.
+        command = [sys.executable, "-m", "hvdtrain.launcher.elastic_driver"] if is_elastic(args) else [horovodrun()]
+        proc = subprocess.Popen([*command, *args], env=env)
+        # horovodrun passes SIGTERM on to its workers; Ctrl-C reaches it directly (same process group).
+        signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                continue  # horovodrun got the same SIGINT and stops its workers; wait for it
+    finally:
+        remove_quietly(secrets_file)

@@ -1,0 +1,111 @@
+"""`python -m hvdtrain.launcher.elastic_driver HOROVODRUN_ARGS...`: horovodrun for an elastic job, with a bound
+on the time spent below --min-np. `hvdtrain launch` runs this for elastic jobs (Gloo only, so horovodrun
+never exec()s mpirun here).
+
+Why: when fewer than --min-np slots remain, Horovod 0.28.1's elastic driver never gives up. Hosts gone
+from the discovery output leave every worker blocked in its re-rendezvous with nothing to wake it
+(horovod#3494: seen here as a job idle for good); after a worker dies, the driver blacklists its host
+and waits HOROVOD_ELASTIC_TIMEOUT (600 s) for slots while the survivors block. A thread here watches the
+driver: below --min-np for --start-timeout seconds (the time a replacement host gets to start), it
+prints one line naming the hosts that left, stops the driver (which terminates the workers) and exits 1.
+Workers see the same bound (WAIT_ENV): the old rank 0 saves the last commit while waiting (train/elastic.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socketserver
+import sys
+import threading
+import time
+from typing import Any
+
+WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
+POLL_S = 1.0
+GRACE_S = 45.0   # after giving up: Horovod terminates its workers (SIGTERM, SIGKILL 5 s later) well within this
+
+
+class BelowMinNpWatch(threading.Thread):
+    """Ends the job when the driver has had fewer than --min-np slots for `wait_s` seconds.
+
+    Reads the driver's private state (host manager, host assignments): Horovod is pinned to 0.28.1.
+    """
+
+    def __init__(self, driver: Any, wait_s: float) -> None:
+        super().__init__(name="hvdtrain-below-min-np", daemon=True)
+        self.driver, self.wait_s = driver, wait_s
+        self.gave_up: str | None = None
+
+    def run(self) -> None:
+        below_since: float | None = None
+        while not self.driver.finished():
+            hosts = self.driver._host_manager.current_hosts
+            assigned = set(self.driver._host_assignments)   # the last world; empty until the job first starts
+            if assigned and hosts.count_available_slots() < self.driver._min_num_proc:
+                below_since = below_since or time.monotonic()
+                if time.monotonic() - below_since >= self.wait_s:
+                    self._give_up(sorted(assigned - set(hosts.available_hosts)), hosts)
+                    return
+            else:
+                below_since = None
+            time.sleep(POLL_S)
+
+    def _give_up(self, lost: list[str], hosts: Any) -> None:
+        left = hosts.count_available_slots()
+        self.gave_up = (f"hvdtrain: error: fewer than --min-np {self.driver._min_num_proc} slots for "
+                        f"{self.wait_s:g} s: lost host(s) {', '.join(lost) or '(none named)'}; {left} slot(s) "
+                        f"left; the job stops (resume with --resume auto from the run's checkpoints)")
+        print(self.gave_up, file=sys.stderr, flush=True)
+        # Tearing down, the driver thread that waited for slots logs its stop with a traceback, and Horovod's
+        # HTTP servers print one for each worker that hung up mid-request: after the line above, noise.
+        logging.disable(logging.CRITICAL)
+        socketserver.BaseServer.handle_error = _quiet  # type: ignore[method-assign,assignment]
+        self.driver.stop(error_message=self.gave_up)
+        with self.driver._wait_hosts_cond:   # wake a driver thread waiting for slots: it sees the stop
+            self.driver._wait_hosts_cond.notify_all()
+        self.exit_later()
+
+    def exit_later(self) -> None:
+        """The bound holds even if Horovod's teardown hangs."""
+        time.sleep(GRACE_S)
+        print("hvdtrain: error: Horovod did not end its workers in time; exiting anyway", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def _quiet(*_args: Any) -> None:
+    pass
+
+
+def main(argv: list[str]) -> int:
+    from horovod.runner import launch as hvd_launch
+    from horovod.runner.elastic import driver as hvd_driver
+
+    sys.argv = ["horovodrun", *argv]
+    args = hvd_launch.parse_args()
+    if args.log_level:   # as horovodrun's own entry point does
+        logging.addLevelName(logging.NOTSET, "TRACE")
+        logging.basicConfig(level=logging.getLevelName(args.log_level))
+    wait_s = args.start_timeout or int(os.environ.get("HOROVOD_START_TIMEOUT", "30"))
+    os.environ[WAIT_ENV] = str(wait_s)   # horovodrun forwards its environment to the workers
+    watches: list[BelowMinNpWatch] = []
+    original_init = hvd_driver.ElasticDriver.__init__
+
+    # Horovod builds its driver deep inside launch_gloo_elastic: its constructor is the one place to hook.
+    def init_and_watch(driver: Any, *a: Any, **kw: Any) -> None:
+        original_init(driver, *a, **kw)
+        watches.append(BelowMinNpWatch(driver, wait_s))
+        watches[-1].start()
+
+    hvd_driver.ElasticDriver.__init__ = init_and_watch
+    try:
+        hvd_launch._run(args)
+    except RuntimeError as err:
+        if not any(w.gave_up for w in watches):
+            print(f"hvdtrain: error: {err}".rstrip(), file=sys.stderr, flush=True)
+        return 1
+    # After giving up, Horovod may still return normally (a later stop() clears the error message).
+    return 1 if any(w.gave_up for w in watches) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,123 @@
+"""Credentials never ride on a command line: which variables count as credentials, and how they travel.
+
+Why: horovodrun with Gloo starts every worker as `sh -c 'env NAME=value ... python ...'`, and on a
+remote host inside `ssh HOST 'cd DIR ; env NAME=value ...'`, so every exported variable's value is in
+the process list of the launching host and of every worker host (horovod/runner/gloo_run.py,
+`_slot_info_to_command_fn`). With MPI, horovodrun passes `mpirun -x NAME` (names only) and Open MPI
+sends the values over its own channel. hvdtrain's launchers therefore take credential-like variables
+out of the environment they hand to Horovod and deliver them another way: inside the pickled job
+(`launch()`, Spark) or in a 0600 file whose *path* is forwarded as HVDTRAIN_SECRETS_FILE
+(`hvdtrain launch`, `hvdtrain tune`); workers load that file before any user code runs.
+
+Nothing here imports Horovod; the calling process and the workers both use it.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from hvdtrain.errors import LaunchError, UserError
+
+SECRETS_FILE_ENV = "HVDTRAIN_SECRETS_FILE"
+# Whole words of a variable's name (split at '_'), so KEYBOARD, MONKEY or TOKENIZERS_PARALLELISM do not match.
+CREDENTIAL_WORDS = frozenset({"TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE",
+                              "CREDENTIAL", "CREDENTIALS", "KEY", "KEYS", "APIKEY", "PAT", "COOKIE"})
+# Long enough to match at the end of a word too (PGPASSWORD, GHTOKEN); KEY is not (MONKEY, HOTKEY).
+CREDENTIAL_ENDINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIALS", "APIKEY")
+# Every AWS_* is treated as one (AWS_SESSION_TOKEN, AWS_SECRET_ACCESS_KEY, ...) but its plain settings.
+CREDENTIAL_PREFIXES = ("AWS_",)
+AWS_SETTINGS = frozenset({"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_CONFIG_FILE",
+                          "AWS_DEFAULT_OUTPUT", "AWS_ENDPOINT_URL"})
+# Variables the workers need by name, never secret themselves: Horovod's own (its secret key it never
+# forwards) and the path of our file.
+NEVER = frozenset({SECRETS_FILE_ENV})
+# The launching shell's own state: meaningless on a worker, and some of it (an ssh agent socket) is sensitive.
+LAUNCHER_ONLY = frozenset({"SSH_AUTH_SOCK", "SSH_AGENT_PID", "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY",
+                           "LS_COLORS", "DISPLAY", "XAUTHORITY", "PS1", "PROMPT_COMMAND", "HISTFILE", "MAIL",
+                           "DBUS_SESSION_BUS_ADDRESS", "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "OLDPWD"})
+
+
+def is_credential(name: str) -> bool:
+    """Whether a variable's value should never appear on a command line.
+
+    Example:
+        >>> [is_credential(n) for n in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SESSION_ID", "KEYBOARD", "AWS_REGION")]
+        [True, True, True, False, False]
+    """
+    upper = name.upper()
+    if upper in NEVER or upper in AWS_SETTINGS or upper.startswith("HOROVOD_"):
+        return False
+    words = upper.split("_")
+    return (upper.startswith(CREDENTIAL_PREFIXES) or not CREDENTIAL_WORDS.isdisjoint(words)
+            or any(word.endswith(CREDENTIAL_ENDINGS) for word in words))
+
+
+def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(what workers may get on their command line, credentials), launcher-only variables dropped."""
+    public: dict[str, str] = {}
+    secret: dict[str, str] = {}
+    for name, value in env.items():
+        if name in LAUNCHER_ONLY:
+            continue
+        (secret if is_credential(name) else public)[name] = value
+    return public, secret
+
+
+def write_secrets_file(secrets: Mapping[str, str], folder: Path) -> Path:
+    """Write `NAME=value` lines to a new file only its owner can read, in `folder`; returns its path.
+
+    The folder must be visible to the workers at the same path (the run directory's file system).
+    """
+    for name, value in secrets.items():
+        if "\n" in value or "\r" in value:
+            raise LaunchError(f"variable {name} holds a line break and cannot go in a secrets file; "
+                              "put its value in a file of its own and pass that file's path instead")
+    folder.mkdir(parents=True, exist_ok=True)
+    # mkstemp creates the file 0600 from the start: no moment where it is readable by others.
+    handle, path = tempfile.mkstemp(prefix=".hvdtrain-secrets-", suffix=".env", dir=folder)
+    with os.fdopen(handle, "w") as out:
+        out.write("".join(f"{name}={value}\n" for name, value in secrets.items()))
+    return Path(path)
+
+
+def read_secrets_file(path: Path) -> dict[str, str]:
+    """`NAME=value` per line (blank lines and # comments skipped), as `docker run --env-file` reads them."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UserError(f"{SECRETS_FILE_ENV}={path}: cannot read it on this host ({err.strerror}); the file "
+                        "must exist at that path on every worker host") from None
+    found = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise UserError(f"{SECRETS_FILE_ENV}={path} line {number}: expected NAME=value")
+        found[name.strip()] = value
+    return found
+
+
+def load_secrets_file(environ: dict[str, str] | os._Environ[str] = os.environ) -> list[str]:
+    """On a worker: set the variables of HVDTRAIN_SECRETS_FILE (if set) in `environ`; returns their names."""
+    location = environ.get(SECRETS_FILE_ENV)
+    if not location:
+        return []
+    path = Path(location)
+    found = read_secrets_file(path)
+    environ.update(found)
+    return sorted(found)
+
+
+def leak_warning(environ: Mapping[str, str], loaded: list[str]) -> str | None:
+    """On a Gloo worker under horovodrun: a one-line warning naming credentials that came on its command line."""
+    if environ.get("HOROVOD_CONTROLLER") != "gloo" or "HOROVOD_RANK" not in environ:
+        return None  # MPI passes names only (mpirun -x); schedulers set the environment directly
+    leaked = sorted(name for name in environ if is_credential(name) and name not in loaded)
+    if not leaked:
+        return None
+    return (f"warning: {', '.join(leaked)} reached the workers on horovodrun's command line, readable in the "
+            f"process list of every host; use `hvdtrain launch` instead of horovodrun, or pass them in a "
+            f"0600 file named by {SECRETS_FILE_ENV} (README: Credentials)")

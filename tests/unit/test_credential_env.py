@@ -1,0 +1,89 @@
+"""Which variables count as credentials, how the environment is split, and the secrets file round trip."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from hvdtrain.errors import LaunchError, UserError
+from hvdtrain.launcher.horovodrun import worker_env
+from hvdtrain.launcher.secrets import (
+    SECRETS_FILE_ENV,
+    is_credential,
+    leak_warning,
+    load_secrets_file,
+    read_secrets_file,
+    split_env,
+    write_secrets_file,
+)
+
+CREDENTIALS = ["HF_TOKEN", "GITHUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+               "AWS_SESSION_ID", "DB_PASSWORD", "PGPASSWORD", "ghtoken", "MY_SECRET", "GOOGLE_APPLICATION_CREDENTIALS",
+               "OPENAI_APIKEY", "GITHUB_PAT", "ssh_key_passphrase", "HVDTRAIN_TEST_SECRET_TOKEN", "SECRET"]
+NOT_CREDENTIALS = ["PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME", "KEYBOARD", "MONKEY_COUNT",
+                   "TOKENIZERS_PARALLELISM", "PWD", "HOROVOD_SECRET_KEY", "HOROVOD_GLOO_TIMEOUT_SECONDS",
+                   SECRETS_FILE_ENV, "OMP_NUM_THREADS", "KEYCLOAK_URL", "PASSAGE_LIMIT",
+                   "AWS_REGION", "AWS_CA_BUNDLE", "AWS_PROFILE"]
+
+
+@pytest.mark.parametrize("name", CREDENTIALS)
+def test_credential_names_are_recognised(name):
+    assert is_credential(name)
+
+
+@pytest.mark.parametrize("name", NOT_CREDENTIALS)
+def test_ordinary_names_are_not(name):
+    assert not is_credential(name)
+
+
+def test_split_keeps_ordinary_variables_moves_credentials_and_drops_the_launchers_own():
+    public, secret = split_env({"PYTHONPATH": "/src", "HF_TOKEN": "hf_x", "SSH_AUTH_SOCK": "/tmp/agent",
+                                "AWS_ACCESS_KEY_ID": "AKIA"})
+    assert public == {"PYTHONPATH": "/src"}
+    assert secret == {"HF_TOKEN": "hf_x", "AWS_ACCESS_KEY_ID": "AKIA"}
+
+
+def test_secrets_file_is_private_and_round_trips(tmp_path):
+    values = {"HF_TOKEN": "a=b c'd\"e $f", "EMPTY_SECRET": ""}
+    path = write_secrets_file(values, tmp_path / "new")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_secrets_file(path) == values
+    environ = {SECRETS_FILE_ENV: str(path)}
+    assert load_secrets_file(environ) == ["EMPTY_SECRET", "HF_TOKEN"]
+    assert environ["HF_TOKEN"] == values["HF_TOKEN"]
+
+
+def test_a_secrets_file_written_by_hand_may_hold_comments(tmp_path):
+    path = tmp_path / "creds.env"
+    path.write_text("# for the workers\n\nDB_PASSWORD=x=y\n")
+    assert read_secrets_file(path) == {"DB_PASSWORD": "x=y"}
+    path.write_text("not a line\n")
+    with pytest.raises(UserError, match="line 1: expected NAME=value"):
+        read_secrets_file(path)
+    with pytest.raises(UserError, match="cannot read it on this host"):
+        load_secrets_file({SECRETS_FILE_ENV: str(tmp_path / "missing.env")})
+
+
+def test_a_value_with_a_line_break_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(LaunchError, match="PRIVATE_KEY holds a line break"):
+        write_secrets_file({"PRIVATE_KEY": "-----BEGIN\nabc"}, tmp_path / "keys")
+    assert not (tmp_path / "keys").exists()
+
+
+def test_worker_env_forwards_only_the_files_path(tmp_path):
+    env, path, names = worker_env({"PATH": "/bin", "HF_TOKEN": "hf_secret"}, tmp_path)
+    assert names == ["HF_TOKEN"] and path is not None
+    assert env == {"PATH": "/bin", SECRETS_FILE_ENV: str(path)}
+    assert "hf_secret" not in " ".join(env.values())
+    assert worker_env({"PATH": "/bin"}, tmp_path) == ({"PATH": "/bin"}, None, [])
+    assert os.listdir(tmp_path) == [path.name]
+
+
+def test_leak_warning_only_for_credentials_that_came_on_a_gloo_command_line():
+    gloo = {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_RANK": "0", "HF_TOKEN": "x", "DB_PASSWORD": "y"}
+    warning = leak_warning(gloo, loaded=["DB_PASSWORD"])
+    assert warning is not None and "HF_TOKEN" in warning and "DB_PASSWORD" not in warning
+    assert "\n" not in warning
+    assert leak_warning(gloo, loaded=["DB_PASSWORD", "HF_TOKEN"]) is None
+    assert leak_warning({"OMPI_COMM_WORLD_RANK": "0", "HF_TOKEN": "x"}, loaded=[]) is None
