@@ -73,6 +73,8 @@ class TrainConfig:
     stall_shutdown_s: int = option(0, "Horovod aborts the job after a stall this long; 0 = never")
     threads: int = option(0, "torch threads per worker; 0 = cores / workers on this host")
     device: str = option("auto", "auto (CUDA pinned to local_rank when present), cpu or cuda")
+    keep_host_memory: bool = option(True, "keep freed host memory for the next step instead of returning it to the "
+                                          "OS and page-faulting it back (glibc malloc thresholds)")
     run_dir: str = option("runs", "parent folder of run directories; empty = write nothing")
     name: str = option("", "run directory name; empty = model-dataset-timestamp")
     checkpoint_epochs: int = option(1, "write a checkpoint every N epochs; 0 = not at epoch ends")

@@ -1,9 +1,10 @@
 """The one module that imports horovod.torch. Everything distributed goes through here."""
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,45 @@ def horovod_env(config: TrainConfig) -> dict[str, str]:
     return env
 
 
+# Open MPI settings hvdtrain sets before MPI_Init (inside hvd.init()), measured in
+# benchmarks/README.md ("Issue #20"): at np=2 on one core per rank, Horovod's background thread
+# (one small collective per 1 ms cycle) busy-polled 50-165 ms of CPU per CNN step, time the other
+# rank's training thread lacked. Gloo jobs ignore them. HVDTRAIN_MPI_DEFAULTS=0 turns them off,
+# =yield keeps only the first.
+# - yield while waiting (Open MPI does this itself only when it sees more ranks than slots); a value
+#   already in the environment wins;
+MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+# - on one host, no OFI (libfabric) BTL: shared memory carries everything there; the OFI BTL's progress
+#   (with epoll_wait syscalls) was most of the polling in a perf profile, and its init deadlocked once
+#   in MPI_Init (a gdb backtrace in benchmarks/results/2026-12-03-f-mpi-defaults). horovodrun --mpi passes
+#   `-mca btl ^openib`, which reaches the ranks as OMPI_MCA_btl=^openib (and beats the launcher's
+#   environment), so an exclusion list is extended; a list of BTLs to use is left alone. Not set
+#   across hosts, where OFI may be the network.
+ONE_HOST_EXCLUDED_BTL = "ofi"
+
+
+def mpi_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """The Open MPI settings hvdtrain adds for a process with environment `env` (mpirun's
+    OMPI_COMM_WORLD_* variables tell whether all ranks share one host).
+
+    Example:
+        >>> mpi_defaults({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_btl": "^openib"})
+        {'OMPI_MCA_mpi_yield_when_idle': '1', 'OMPI_MCA_btl': '^openib,ofi'}
+    """
+    choice = env.get("HVDTRAIN_MPI_DEFAULTS", "1")
+    if choice == "0":
+        return {}
+    wanted = {key: value for key, value in MPI_DEFAULTS.items() if key not in env}
+    size = env.get("OMPI_COMM_WORLD_SIZE")
+    if choice != "yield" and size and size == env.get("OMPI_COMM_WORLD_LOCAL_SIZE"):
+        btl = env.get("OMPI_MCA_btl", "")
+        if not btl:
+            wanted["OMPI_MCA_btl"] = "^" + ONE_HOST_EXCLUDED_BTL
+        elif btl.startswith("^") and ONE_HOST_EXCLUDED_BTL not in btl[1:].split(","):
+            wanted["OMPI_MCA_btl"] = f"{btl},{ONE_HOST_EXCLUDED_BTL}"
+    return wanted
+
+
 def init(settings: dict[str, str] | None = None) -> World:
     """Start Horovod (idempotent) with `settings` (see horovod_env) and say who we are."""
     h = _require()
@@ -73,6 +113,7 @@ def init(settings: dict[str, str] | None = None) -> World:
             raise UserError(f"Horovod is already running in this process, so {', '.join(late)} cannot take "
                             "effect (read once at start); use a new process or notebook kernel")
     else:
+        os.environ.update(mpi_defaults(os.environ))  # Open MPI reads these in MPI_Init, inside h.init()
         os.environ.update(settings)  # Horovod's core reads these once, inside init()
     h.init()
     return world()
@@ -202,14 +243,14 @@ def average_buffers(buffers: list[torch.Tensor]) -> None:
 
 
 def nonfinite_flag_async(value: torch.Tensor, name: str, gradient_predivide_factor: float = 1.0) -> Any:
-    """Start the ranks' agreement on `value`: wait() gives 0 when it is finite on every rank, else NaN.
+    """Start the ranks' agreement on whether `value` (one element) is finite on every rank; all_finite() answers.
 
     Sent after backward as an fp32 average with DistributedOptimizer's own scale factors, so that
     Horovod fuses it into the step's last gradient allreduce instead of negotiating an op of its own
     (an extra op cost up to ~10% of a communication-bound step; benchmarks/README.md)."""
-    flag = (value.detach() * 0).to(torch.float32)  # in the input's precision first: inf * 0 is NaN
     if hvd.size() == 1:
-        return _Done(flag)
+        return _Done(value.detach())    # one rank agrees with itself: no op, no tensor arithmetic
+    flag = (value.detach() * 0).to(torch.float32)  # in the input's precision first: inf * 0 is NaN
     return hvd.allreduce_async_(flag, op=hvd.Average, name=name, prescale_factor=1.0 / gradient_predivide_factor,
                                 postscale_factor=gradient_predivide_factor)
 
@@ -219,8 +260,12 @@ class _Done:
     tensor: torch.Tensor
 
 
-def wait(handle: Any) -> torch.Tensor:
-    return handle.tensor if isinstance(handle, _Done) else hvd.synchronize(handle)
+def all_finite(handle: Any) -> bool:
+    """The verdict of nonfinite_flag_async, the same on every rank (waits for the allreduce)."""
+    if isinstance(handle, _Done):
+        # A host read is ~1 us where isfinite().all() costs ~20 us of eager ops a step (on a GPU both sync).
+        return math.isfinite(float(handle.tensor))
+    return bool(torch.isfinite(hvd.synchronize(handle)).all())
 
 
 def broadcast_object(obj: Any, name: str) -> Any:
@@ -241,9 +286,20 @@ def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **va
     return hvd.elastic.TorchState(model=model, optimizer=optimizer, **values)
 
 
-def run_elastic(fn: Any) -> Any:
-    """Wrap fn(state) so Horovod re-runs it from the last commit after a worker joins or leaves."""
-    return hvd.elastic.run(fn)
+def run_elastic(fn: Any, while_resetting: Callable[[], AbstractContextManager[Any]] | None = None) -> Any:
+    """Wrap fn(state) so Horovod re-runs it from the last commit after a worker joins or leaves.
+
+    `while_resetting()` is entered around Horovod's re-forming of the world (shutdown, then an init that
+    blocks until the driver has a new world: below --min-np, possibly for ever).
+    """
+    from horovod.common.elastic import run_fn
+
+    def reset() -> None:   # hvd.elastic.run's own reset, watched
+        with while_resetting() if while_resetting else nullcontext():
+            hvd.shutdown()
+            hvd.init()
+
+    return run_fn(fn, reset)
 
 
 @dataclass

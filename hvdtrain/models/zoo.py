@@ -51,13 +51,15 @@ class _Block(nn.Module):
         return torch.relu(self.body(x) + self.skip(x))
 
 
-def resnet18(channels: int, num_classes: int) -> nn.Module:
-    """ResNet-18 (He et al. 2015; torchvision's layout: 2 basic blocks per stage, 64-512 channels)."""
-    layers: list[nn.Module] = [nn.Conv2d(channels, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+def resnet18(channels: int, num_classes: int, width: int = 64) -> nn.Module:
+    """ResNet-18 (He et al. 2015; torchvision's layout: 2 basic blocks per stage, 64-512 channels).
+
+    width: the first stage's channels (64 is ResNet-18; smaller is the same graph, cheaper: tests)."""
+    layers: list[nn.Module] = [nn.Conv2d(channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width),
                                nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
-    cin = 64
-    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+    cin = width
+    for cout, stride in ((width, 1), (2 * width, 2), (4 * width, 2), (8 * width, 2)):
         layers += [_Block(cin, cout, stride), _Block(cout, cout, 1)]
         cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * width, num_classes)]
     return nn.Sequential(*layers)

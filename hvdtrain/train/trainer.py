@@ -26,8 +26,9 @@ from hvdtrain.train.device import pick_device, threads_per_worker
 from hvdtrain.train.early_stopping import improved, patience_exhausted
 from hvdtrain.train.elastic import ElasticRun
 from hvdtrain.train.evaluation import evaluate, param_digest, predict, probe_batch
+from hvdtrain.train.host_memory import keep_host_memory
 from hvdtrain.train.lr_schedule import lr_at, scaled_lr
-from hvdtrain.train.metrics import Metric, MetricSet, choose
+from hvdtrain.train.metrics import BatchParts, Metric, MetricSet, choose
 from hvdtrain.train.nonfinite import count_nonfinite, gradients_finite
 from hvdtrain.train.optim import make_optimizer
 from hvdtrain.train.precision import autocast, check_precision, make_scaler
@@ -70,6 +71,7 @@ class Trainer:
         world = dist.init(dist.horovod_env(config))  # Horovod: timeline, autotune, stall check
         console.set_rank(world.rank)
         torch.set_num_threads(config.threads or threads_per_worker(world.local_size))
+        keep_host_memory(config.keep_host_memory)  # a step's tensors reuse the last step's pages
         # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.
         self.device = pick_device(config.device, world.local_rank * config.stages)
         check_precision(config.precision, self.device)
@@ -213,30 +215,34 @@ class Trainer:
         batches = -(-shard_len // config.batch_size)
         steps = seen = 0
         lr_factor = 1.0
-        step_stats = self.metrics.zeros(self.device)
+        step_parts: list[BatchParts] = []    # this step's micro-batches
+        applied: list[BatchParts] = []       # applied steps' batches, added to p.stats before anything reads it
         for micro, batch in enumerate(self.loader):
             if micro % config.accumulate == 0:              # a step's first micro-batch
                 lr_factor = lr_at(p.fit_step, 1.0, self.lr_scale, warmup_steps, total_steps, config.lr_decay)
                 for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
                     group["lr"] = base_lr * lr_factor
                 self.optimizer.zero_grad()  # torch 2.x sets grads to None (Horovod's wrapper takes no args)
-                step_stats = self.metrics.zeros(self.device)
+                step_parts = []
             with autocast(config.precision, self.device):
                 out = run_step(self.model, to_device(batch, self.device), self.loss_fn, self.step_fn)
             # Each micro-batch weighs its share of the step's samples: K batches of b make one of K*b.
             weight = out.n / step_samples(micro, config.batch_size, config.accumulate, shard_len)
             share = out.loss if weight == 1.0 else out.loss * weight
-            step_stats += self.metrics.batch_sums(out.loss, out.n, out.extras, out.outputs, out.targets)
+            step_parts.append(self.metrics.batch_parts(out.loss, out.n, out.extras, out.outputs, out.targets))
             # Horovod: a step's last backward starts the allreduces; earlier ones add up gradients locally.
             (self.scaler.scale(share) if self.scaler else share).backward()
             p.position += out.n * self.world.size
             seen += out.n
             if (micro + 1) % config.accumulate and micro + 1 != batches:
                 continue                                    # more micro-batches before this step
-            if self._step(p, step_stats):
-                p.stats = p.stats + step_stats.cpu()
+            if self._step(p, step_parts):
+                applied += step_parts
             p.step, p.fit_step, steps = p.step + 1, p.fit_step + 1, steps + 1
             console.advance()
+            if p.step % config.log_interval == 0 or p.step % config.commit_steps == 0 or (
+                    config.checkpoint_steps and p.step % config.checkpoint_steps == 0):
+                p.stats, applied = self.metrics.add_parts(p.stats, applied), []
             if p.step % config.log_interval == 0:
                 self._log_interval(p, lr_factor)
             if config.checkpoint_steps and p.step % config.checkpoint_steps == 0:
@@ -245,6 +251,7 @@ class Trainer:
                 self.elastic.commit(p)                      # Horovod: may raise to admit new hosts
             if config.max_steps and p.step >= config.max_steps:
                 break
+        p.stats = self.metrics.add_parts(p.stats, applied)
         return steps, seen, lr_factor
 
     def _start_epoch(self, p: Progress) -> None:
@@ -256,7 +263,7 @@ class Trainer:
     def _shard_len(self) -> int:
         return self.train_data.shard_len() if self.streaming else len(self.sampler)
 
-    def _step(self, p: Progress, step_stats: torch.Tensor) -> bool:
+    def _step(self, p: Progress, parts: list[BatchParts]) -> bool:
         """Apply the step's gradients, the same on every rank; False when skipped as non-finite."""
         if self.steps_in_backward:
             self.optimizer.step()                           # Horovod: combines the Adasum deltas from backward
@@ -264,13 +271,14 @@ class Trainer:
         loss_flag = None
         if self.check_loss:
             # Horovod: non-finite loss on any rank -> skip on all; rides in the gradients' last allreduce.
-            loss_flag = dist.nonfinite_flag_async(step_stats[:1], "step_loss", self.config.gradient_predivide_factor)
+            loss = parts[0][0] if len(parts) == 1 else torch.stack([part[0] for part in parts]).double().sum()
+            loss_flag = dist.nonfinite_flag_async(loss, "step_loss", self.config.gradient_predivide_factor)
         self.optimizer.synchronize()                        # Horovod: averaged gradients, equal on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
             applied = gradients_finite(self.model, self.scaler, p, self.config.nonfinite_limit)
         else:
-            applied = loss_flag is None or count_nonfinite(p, bool(torch.isfinite(dist.wait(loss_flag)).all()), "loss",
+            applied = loss_flag is None or count_nonfinite(p, dist.all_finite(loss_flag), "loss",
                                                            self.config.nonfinite_limit)
         if applied:
             with self.optimizer.skip_synchronize():
@@ -343,14 +351,18 @@ class Trainer:
         if not self.run_path:
             return None
         per_rank = dist.allgather_object((checkpoint.rng_state(), p.stats), name="checkpoint_gather")
-        path = None
-        if self.world.is_root:
-            path = checkpoint.save(checkpoint.checkpoint_dir(self.run_path), p.step, {
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "progress": p.values(stats=False), "world_size": self.world.size,
-                "rng": [r for r, _ in per_rank], "stats": [s for _, s in per_rank], "config": self.config.to_dict(),
-                **({"scaler": self.scaler.state_dict()} if self.scaler else {})}, self.config.keep_checkpoints)
-        return str(path) if path else None
+        return self._write_checkpoint(p, per_rank) if self.world.is_root else None
+
+    def _write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]]) -> str | None:
+        """Write as rank 0, with each rank's (RNG state, metric sums); one entry reads as a 1-worker run."""
+        if not self.run_path:
+            return None
+        path = checkpoint.save(checkpoint.checkpoint_dir(self.run_path), p.step, {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "progress": p.values(stats=False), "world_size": len(per_rank),
+            "rng": [r for r, _ in per_rank], "stats": [s for _, s in per_rank], "config": self.config.to_dict(),
+            **({"scaler": self.scaler.state_dict()} if self.scaler else {})}, self.config.keep_checkpoints)
+        return str(path)
 
     def _check_work_left(self, p: Progress, end_epoch: int) -> None:
         config = self.config

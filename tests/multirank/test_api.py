@@ -1,13 +1,14 @@
 """The Python API: Trainer, fit and launch, as a notebook uses them (real workers, real Horovod)."""
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 
 import pytest
 import torch
 from torch.utils.data import TensorDataset
-from worker_fns import _raise_on_rank_1
+from worker_fns import _raise_on_rank_1, _secret_seen_and_leaks
 
 import hvdtrain
 from hvdtrain.errors import LaunchError, WorkerError
@@ -32,6 +33,16 @@ def test_launch_returns_results_from_both_ranks():
     results = hvdtrain.launch(_rank_and_sum, "payload", np=2, all_ranks=True)
     assert results == [(0, 2, "payload", 3.0), (1, 2, "payload", 3.0)]
     assert hvdtrain.launch(_rank_and_sum, "again", np=2) == (0, 2, "again", 3.0)  # launch twice
+
+
+def test_launch_passes_credentials_inside_the_job_not_on_command_lines(monkeypatch):
+    """horovodrun (Gloo) starts local workers as `sh -c 'env NAME=value ... python'`: hvdtrain.launch keeps
+    credential-like variables out of that and sends them inside the pickled job."""
+    value = f"hvdt-{secrets.token_hex(16)}"
+    monkeypatch.setenv("HVDTRAIN_TEST_SECRET_TOKEN", value)
+    results = hvdtrain.launch(_secret_seen_and_leaks, "HVDTRAIN_TEST_SECRET_TOKEN", np=2, all_ranks=True,
+                              env={"MY_API_KEY": "also-secret"})
+    assert results == [(value, []), (value, [])]
 
 
 def test_a_worker_exception_names_its_rank_and_traceback_within_60_s():

@@ -59,6 +59,58 @@ def test_horovod_settings_become_the_environment_hvd_init_reads(tmp_path):
     assert dist.horovod_env(load_config(None, ["--stall-check-s", "0"])) == {"HOROVOD_STALL_CHECK_DISABLE": "1"}
 
 
+class FakeHorovod:
+    """Records the environment hvd.init() would read (Open MPI reads OMPI_MCA_* in MPI_Init there)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] | None = None
+
+    def is_initialized(self) -> bool:
+        return self.seen is not None
+
+    def init(self) -> None:
+        import os
+
+        self.seen = dict(os.environ)
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+    local_rank, local_size = rank, size
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "1"), ("0", "0")])
+def test_open_mpi_yields_when_idle_unless_the_user_says_otherwise(monkeypatch, preset, expected):
+    """hvdtrain's MPI defaults (benchmarks/README.md: Horovod's background thread busy-polled most of
+    a core at np=2) are in the environment when hvd.init() runs; a value already there wins."""
+    fake = FakeHorovod()
+    monkeypatch.setattr(dist, "hvd", fake)
+    monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
+    if preset is not None:
+        monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", preset)
+    dist.init({"HOROVOD_AUTOTUNE": "1"})
+    assert fake.seen["OMPI_MCA_mpi_yield_when_idle"] == expected
+    assert fake.seen["HOROVOD_AUTOTUNE"] == "1"
+
+
+def test_mpi_defaults_drop_the_ofi_btl_on_one_host_only():
+    yield_ = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    one_host = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    assert dist.mpi_defaults(one_host) == {**yield_, "OMPI_MCA_btl": "^ofi"}
+    # horovodrun --mpi's own `-mca btl ^openib` arrives as this variable: extended, not replaced
+    assert dist.mpi_defaults({**one_host, "OMPI_MCA_btl": "^openib"}) == {**yield_, "OMPI_MCA_btl": "^openib,ofi"}
+    assert dist.mpi_defaults({**one_host, "OMPI_MCA_btl": "^openib,ofi"}) == yield_
+    assert dist.mpi_defaults({**one_host, "OMPI_MCA_btl": "self,tcp"}) == yield_    # a list to use: kept
+    two_hosts = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    assert dist.mpi_defaults(two_hosts) == yield_
+    assert dist.mpi_defaults({}) == yield_                                          # not under mpirun
+    assert dist.mpi_defaults({**one_host, "HVDTRAIN_MPI_DEFAULTS": "yield"}) == yield_
+    assert dist.mpi_defaults({**one_host, "HVDTRAIN_MPI_DEFAULTS": "0"}) == {}       # all off
+
+
 def test_every_config_key_passes_through_horovodrun_untouched(monkeypatch):
     """horovodrun parses the whole command line: a key that is an ambiguous prefix of one of its own
     options (as `--timeline` is of --timeline-filename and --timeline-mark-cycles) would be refused."""

@@ -29,3 +29,13 @@ def test_plugin_must_return_a_module(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(UserError, match="must return a torch.nn.Module, got int"):
         build_model(TrainConfig(model="badmodel:build"), (4,), 2)
+
+
+def test_resnet18_width_keeps_the_graph_and_shrinks_it():
+    from hvdtrain.models.zoo import resnet18
+
+    full, narrow = resnet18(3, 10), resnet18(3, 10, width=8)
+    assert sum(p.numel() for p in full.parameters()) == 11_181_642  # torchvision's resnet18 at 10 classes
+    assert len(list(full.modules())) == len(list(narrow.modules()))
+    assert sum(p.numel() for p in narrow.parameters()) < 200_000
+    assert narrow(torch.randn(2, 3, 16, 16)).shape == (2, 10)
