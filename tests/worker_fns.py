@@ -28,3 +28,25 @@ def _secret_seen_and_leaks(name):
         if value and value.encode() in cmdline:
             leaks.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:200])
     return value, leaks
+
+
+def _wait_cpu(late_s):
+    """Rank 1 joins an allreduce late_s late, twice; rank 0's main-thread CPU while it waits: hvdtrain's
+    wait, then Horovod's own (HVDTRAIN_WAIT=spin)."""
+    import os
+    import time
+
+    import torch
+
+    from hvdtrain.distributed import dist
+
+    world = dist.init()
+    cpu, verdicts = {}, []
+    for mode in ("sleep", "spin"):
+        os.environ["HVDTRAIN_WAIT"] = mode
+        if world.rank == 1:
+            time.sleep(late_s)
+        start = time.thread_time()
+        verdicts.append(dist.all_finite(dist.nonfinite_flag_async(torch.tensor(1.0), name=f"late_{mode}")))
+        cpu[mode] = time.thread_time() - start
+    return world.rank, verdicts, cpu

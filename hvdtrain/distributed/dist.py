@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,28 @@ def mpi_defaults(env: Mapping[str, str]) -> dict[str, str]:
     return wanted
 
 
+# Horovod's cycle time when its ops run over Gloo (horovodrun --gloo, elastic jobs, hvdtrain.launch):
+# every cycle is a coordination round over loopback TCP even when no tensor is waiting, and on one core
+# per rank those wake-ups slow the training thread. At 2 ms instead of Horovod's 1: CNN, ResNet-18 and
+# transformer faster, the MLP level (benchmarks/README.md, "Issue #20 (2026-12-04)"). Not set for MPI
+# ops (not measured a win there), with autotune (it tunes the cycle), or over a HOROVOD_CYCLE_TIME of
+# the user's.
+GLOO_CYCLE_TIME_MS = "2"
+
+
+def gloo_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """The Horovod settings hvdtrain adds for a process with environment `env` whose ops run over Gloo.
+
+    Example:
+        >>> gloo_defaults({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1"})
+        {'HOROVOD_CYCLE_TIME': '2'}
+    """
+    over_gloo = "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env or env.get("HOROVOD_CONTROLLER") == "gloo"
+    if not over_gloo or "HOROVOD_CYCLE_TIME" in env or env.get("HOROVOD_AUTOTUNE", "0") not in ("", "0"):
+        return {}
+    return {"HOROVOD_CYCLE_TIME": GLOO_CYCLE_TIME_MS}
+
+
 def init(settings: dict[str, str] | None = None) -> World:
     """Start Horovod (idempotent) with `settings` (see horovod_env) and say who we are."""
     h = _require()
@@ -115,6 +138,7 @@ def init(settings: dict[str, str] | None = None) -> World:
     else:
         os.environ.update(mpi_defaults(os.environ))  # Open MPI reads these in MPI_Init, inside h.init()
         os.environ.update(settings)  # Horovod's core reads these once, inside init()
+        os.environ.update(gloo_defaults(os.environ))  # after the config's settings: autotune wins
     h.init()
     return world()
 
@@ -222,6 +246,35 @@ class SyncBatchNorm(hvd.SyncBatchNorm if hvd is not None else _BatchNorm):  # ty
         return out
 
 
+# Horovod's synchronize() waits by spinning: poll, release the GIL, sched_yield, again
+# (WaitAndClear in horovod/torch/mpi_ops_v2.cc, 0.28.1). A rank that reaches the allreduce first burns
+# its core until the slowest rank arrives and the bytes have moved, and with one core per rank that is
+# the core its background threads need to move them (benchmarks/README.md, "waiting"). hvdtrain sleeps
+# between polls instead, backing off from the first to the last interval; synchronize() then finds the
+# op done and returns at once. HVDTRAIN_WAIT=spin keeps Horovod's own wait.
+WAIT_SLEEP_S = (50e-6, 400e-6)
+
+
+def wait_quietly(handles: Iterable[Any]) -> None:
+    """Return once these Horovod handles are done, sleeping (not spinning) while they are not."""
+    if os.environ.get("HVDTRAIN_WAIT") == "spin":
+        return
+    first, last = WAIT_SLEEP_S
+    for handle in handles:
+        delay = first
+        while not hvd.poll(handle):
+            time.sleep(delay)
+            delay = min(delay * 2, last)
+
+
+def synchronize_gradients(optimizer: Any) -> None:
+    """DistributedOptimizer.synchronize(), after sleeping until this step's gradient allreduces are done."""
+    # Horovod's wrapper keeps {param or group: (handle, ctx)}; a None or callable handle is not an op in flight.
+    in_flight = getattr(optimizer, "_handles", {}).values()
+    wait_quietly(handle for handle, _ in in_flight if isinstance(handle, int))
+    optimizer.synchronize()
+
+
 def allreduce_sum(tensor: torch.Tensor, name: str) -> torch.Tensor:
     # Alone, a sum is the tensor: skip Horovod's background-thread round trip (as its own
     # DistributedOptimizer does at size 1).
@@ -265,6 +318,7 @@ def all_finite(handle: Any) -> bool:
     if isinstance(handle, _Done):
         # A host read is ~1 us where isfinite().all() costs ~20 us of eager ops a step (on a GPU both sync).
         return math.isfinite(float(handle.tensor))
+    wait_quietly([handle])
     return bool(torch.isfinite(hvd.synchronize(handle)).all())
 
 

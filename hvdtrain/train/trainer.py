@@ -273,7 +273,7 @@ class Trainer:
             # Horovod: non-finite loss on any rank -> skip on all; rides in the gradients' last allreduce.
             loss = parts[0][0] if len(parts) == 1 else torch.stack([part[0] for part in parts]).double().sum()
             loss_flag = dist.nonfinite_flag_async(loss, "step_loss", self.config.gradient_predivide_factor)
-        self.optimizer.synchronize()                        # Horovod: averaged gradients, equal on all ranks
+        dist.synchronize_gradients(self.optimizer)          # Horovod: averaged gradients, equal on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
             applied = gradients_finite(self.model, self.scaler, p, self.config.nonfinite_limit)

@@ -111,6 +111,17 @@ def test_mpi_defaults_drop_the_ofi_btl_on_one_host_only():
     assert dist.mpi_defaults({**one_host, "HVDTRAIN_MPI_DEFAULTS": "0"}) == {}       # all off
 
 
+def test_gloo_ops_get_a_2_ms_cycle_unless_the_user_or_autotune_chooses():
+    gloo = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4321"}
+    assert dist.gloo_defaults(gloo) == {"HOROVOD_CYCLE_TIME": "2"}
+    assert dist.gloo_defaults({"HOROVOD_CONTROLLER": "gloo"}) == {"HOROVOD_CYCLE_TIME": "2"}
+    assert dist.gloo_defaults({**gloo, "HOROVOD_CYCLE_TIME": "1"}) == {}      # the user's value
+    assert dist.gloo_defaults({**gloo, "HOROVOD_AUTOTUNE": "1"}) == {}        # autotune tunes the cycle
+    assert dist.gloo_defaults({**gloo, "HOROVOD_AUTOTUNE": "0"}) == {"HOROVOD_CYCLE_TIME": "2"}
+    assert dist.gloo_defaults({"OMPI_COMM_WORLD_SIZE": "2"}) == {}            # MPI ops: Horovod's default
+    assert dist.gloo_defaults({}) == {}
+
+
 def test_every_config_key_passes_through_horovodrun_untouched(monkeypatch):
     """horovodrun parses the whole command line: a key that is an ambiguous prefix of one of its own
     options (as `--timeline` is of --timeline-filename and --timeline-mark-cycles) would be refused."""
