@@ -85,7 +85,7 @@ def main() -> None:
                 continue
             times = sorted(rec["step_ms"])
             runs[name].append({**rec, "load1_before": load})
-            threads = rec.get("threads_cpu", [])
+            threads = rec.get("threads_cpu") or []
             comm = sum(t["cpu_ms_per_step"] for t in threads if t["born"] == "comm-init")
             main_cpu = sum(t["cpu_ms_per_step"] for t in threads if t["born"] == "main")
             say(f"rep {rep} {name:<14} best {times[0]:7.2f}  p25 {times[len(times) // 4]:7.2f}  "

@@ -171,7 +171,7 @@ def summarise(name: str, spec: dict[str, Any], records: list[dict[str, Any]]) ->
     if cpu:
         row["median_cpu_ms"] = statistics.median(cpu)  # rank 0's process CPU time per step (all threads)
     comm = [sum(t["cpu_ms_per_step"] for t in r["threads_cpu"] if t["born"] == "comm-init")
-            for r in ok if r.get("threads_cpu")]
+            for r in ok if r.get("threads_cpu") is not None]   # measured, if perhaps below one tick
     if comm:
         # CPU per step of the threads the communication init started (Horovod's background thread,
         # DDP's gloo threads), median over runs: on one core per rank, time the training thread lacks.

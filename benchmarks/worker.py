@@ -78,10 +78,12 @@ class ThreadLedger:
     def stop(self) -> None:
         self.last = thread_cpu_ms() if self.first else {}
 
-    def per_step(self, steps: int) -> list[dict[str, Any]]:
-        """CPU ms per timed step of each thread that used any, busiest first."""
+    def per_step(self, steps: int) -> list[dict[str, Any]] | None:
+        """CPU ms per timed step of each thread that used any, busiest first; None where not measured.
+
+        /proc counts CPU in 10 ms ticks: over a few short steps (the smoke run) no thread may show any."""
         if not self.first or not self.last or steps <= 0:
-            return []
+            return None
         rows = []
         for tid, (name, ms) in self.last.items():
             used = ms - self.first.get(tid, (name, 0.0))[1]
