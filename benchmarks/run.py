@@ -108,7 +108,7 @@ def launch_once(spec: dict[str, Any], np: int, worker_args: list[str], env: dict
         out, code = run_job(cmd, full_env, timeout)
         record = json.loads(result.read_text()) if code == 0 and result.exists() else None
     if record is None:
-        tail = (out if isinstance(out, str) else out.decode())[-1500:]
+        tail = (out if isinstance(out, str) else out.decode())[-4000:]  # torchrun's own summary alone is ~1.5 kB
         return {"error": f"exit {code}", "output_tail": tail, "launch_s": time.perf_counter() - started}
     return {**record, "launch_s": time.perf_counter() - started}
 
