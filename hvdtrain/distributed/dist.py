@@ -108,7 +108,7 @@ def mpi_defaults(env: Mapping[str, str]) -> dict[str, str]:
 # every cycle is a coordination round over loopback TCP even when no tensor is waiting, and on one core
 # per rank those wake-ups slow the training thread. At 2 ms instead of Horovod's 1: CNN, ResNet-18 and
 # transformer faster, the MLP level (benchmarks/README.md, "Issue #20 (2026-12-04)"). Not set for MPI
-# ops (not measured a win there), with autotune (it tunes the cycle), or over a HOROVOD_CYCLE_TIME of
+# ops (slower there at 2 ms, CNN and MLP), with autotune (it tunes the cycle), or over a HOROVOD_CYCLE_TIME of
 # the user's.
 GLOO_CYCLE_TIME_MS = "2"
 
