@@ -249,9 +249,10 @@ class SyncBatchNorm(hvd.SyncBatchNorm if hvd is not None else _BatchNorm):  # ty
 # Horovod's synchronize() waits by spinning: poll, release the GIL, sched_yield, again
 # (WaitAndClear in horovod/torch/mpi_ops_v2.cc, 0.28.1). A rank that reaches the allreduce first burns
 # its core until the slowest rank arrives and the bytes have moved, and with one core per rank that is
-# the core its background threads need to move them (benchmarks/README.md, "waiting"). hvdtrain sleeps
-# between polls instead, backing off from the first to the last interval; synchronize() then finds the
-# op done and returns at once. HVDTRAIN_WAIT=spin keeps Horovod's own wait.
+# the core its background threads need to move them (benchmarks/README.md, Issue #20 (2026-12-04),
+# "Horovod's synchronize() spins"). hvdtrain sleeps between polls instead, backing off from the first
+# to the last interval; synchronize() then finds the op done and returns at once. HVDTRAIN_WAIT=spin
+# keeps Horovod's own wait.
 WAIT_SLEEP_S = (50e-6, 400e-6)
 
 
