@@ -47,6 +47,19 @@ class Stopped(Exception):
         self.signum = signum
 
 
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """An exception's first non-empty line, for one-line messages; its class name when the message is empty.
+
+    Example:
+        >>> first_line(ValueError("bad shape\\n  at layer 3")), first_line(KeyError())
+        ('bad shape', 'KeyError')
+    """
+    for line in str(err).splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return type(err).__name__
+
+
 def is_peer_failure(kind: str, message: str) -> bool:
     """The one rule: a rank that failed only because another rank went away first (its error is the real one).
 

@@ -1,0 +1,95 @@
+"""Which rank am I, and who started me: the one place that answers (Lightning Fabric's
+`plugins/environments` idea, one table instead of one class per launcher).
+
+Once Horovod is initialised its own answer wins (`distributed` registers it; this module never imports
+Horovod). Before that, or in a process Horovod never starts (the CLI before training, a compression
+job's driver, an error report), the launcher's variables answer. Nothing else in hvdtrain reads
+rank-like variables.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Process:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    launcher: str    # "horovod" (initialised), "gloo", "openmpi", "mpich", "pmix", "slurm", "torchrun", "none"
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+# (launcher, rank, size, local rank, local size) variables, most specific first: mpirun inside a Slurm
+# allocation sets both OMPI_* and SLURM_*, and its ranks are Open MPI's. horovodrun --gloo, Horovod
+# elastic and horovod.spark.run (Gloo) set HOROVOD_*; horovodrun --mpi sets only Open MPI's. MPICH's and
+# Intel MPI's Hydra set PMI_*; PMIx launchers (prun, srun --mpi=pmix) PMIX_RANK without a size variable.
+LAUNCHERS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("gloo", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("pmix", "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+)
+ALONE = Process(0, 1, 0, 1, "none")
+
+# Horovod's own answer, registered by `distributed` (at most one entry).
+_HOROVOD: list[Callable[[], Process | None]] = []
+
+
+def _number(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    # SLURM_NTASKS_PER_NODE may read "2(x3)"; anything that is not a plain number is unknown, not an error.
+    return int(text) if text.isdigit() else default
+
+
+def from_env(env: Mapping[str, str]) -> Process | None:
+    """The launcher's answer from environment `env`, or None when no launcher started this process.
+
+    Example:
+        >>> from_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
+        Process(rank=1, size=2, local_rank=1, local_size=2, launcher='openmpi')
+    """
+    for launcher, rank_var, size_var, local_rank_var, local_size_var in LAUNCHERS:
+        if not env.get(rank_var, "").strip().isdigit():
+            continue
+        rank = int(env[rank_var])
+        size = max(_number(env, size_var, rank + 1), rank + 1)
+        # Without local variables, assume one host (horovodrun -np N on a laptop); with a local rank only,
+        # at least that many on this host.
+        local_rank = _number(env, local_rank_var, rank)
+        local_size = _number(env, local_size_var, size if local_rank_var not in env else local_rank + 1)
+        return Process(rank, size, local_rank, local_size, launcher)
+    return None
+
+
+def use_horovod(answer: Callable[[], Process | None]) -> None:
+    """Called by `distributed` at import: `answer()` is Horovod's own view, or None before hvd.init()."""
+    _HOROVOD[:] = [answer]
+
+
+def current(env: Mapping[str, str] | None = None) -> Process:
+    """This process now: Horovod's rank once initialised (it changes after an elastic reset), else the launcher's."""
+    for answer in _HOROVOD:
+        known = answer()
+        if known is not None:
+            return known
+    return from_env(os.environ if env is None else env) or ALONE
+
+
+def is_rank_zero() -> bool:
+    """The one test for "rank 0 does side effects" outside the training loop (CLI notices, reports)."""
+    return current().is_root
+
+
+def launched(env: Mapping[str, str] | None = None) -> bool:
+    """A launcher started this process (its output goes to the launcher, not to a terminal of the user's)."""
+    return from_env(os.environ if env is None else env) is not None
