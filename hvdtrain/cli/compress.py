@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.cli.args import Parser, positive_int
-from hvdtrain.compression.api import METHODS, CompressOptions
-from hvdtrain.compression.quantize import MODES
+from hvdtrain.compression.options import METHODS, MODES, CompressOptions
 from hvdtrain.errors import UserError
 
 DEFAULTS = CompressOptions()

@@ -21,8 +21,9 @@ from torch import nn
 from hvdtrain.compression import measure, report
 from hvdtrain.compression.distill import DistillLoss, LabelAccuracy, check_student, soft_targets
 from hvdtrain.compression.export import export_program, load_exported, max_difference, program_bytes, save_program
+from hvdtrain.compression.options import TRAINED, CompressOptions
 from hvdtrain.compression.prune import check_prunable, prune_channels
-from hvdtrain.compression.quantize import MODES, quantize_int8
+from hvdtrain.compression.quantize import quantize_int8
 from hvdtrain.config.train_config import TrainConfig, load_config, to_yaml
 from hvdtrain.data.datasets import Data, build_data
 from hvdtrain.errors import UserError
@@ -30,56 +31,7 @@ from hvdtrain.models.builtin import build_model
 from hvdtrain.output.console import console
 from hvdtrain.output.files import atomic_write, write_text
 
-METHODS = ("int8", "prune", "distill")
-TRAINED = ("prune", "distill")         # methods that train, on every Horovod worker
 EXPORT_TOLERANCE = 1e-5                # max |exported - in-process| output difference accepted
-
-
-@dataclass(frozen=True)
-class CompressOptions:
-    """How to compress; every field has a `--dashed-name` flag in `hvdtrain compress`."""
-    method: str = "int8"              # int8, prune or distill; several, comma-separated, compare side by side
-    out: str = ""                     # new run directory; '' = RUN_DIR-METHOD (RUN_DIR-compressed for several)
-    int8_mode: str = "auto"           # auto (static PT2E for conv models, else dynamic), dynamic, weight-only, static
-    calibration: int = 256            # training samples that calibrate static int8
-    sparsity: float = 0.5             # prune: share of each hidden layer's channels/neurons removed
-    epochs: int = 0                   # prune: fine-tune epochs (0 = 3); distill: student epochs (0 = the source's)
-    lr: float = 0.0                   # prune/distill: base LR for one worker; 0 = the source run's
-    student: str = "mlp"              # distill: built-in (mlp, cnn) or plug-in 'module:function' model
-    student_hidden: int = 64          # distill: the student's `hidden` width
-    temperature: float = 4.0          # distill: softens teacher and student outputs
-    alpha: float = 0.5                # distill: weight of the teacher's soft targets; 1 - alpha on the labels
-    baseline: bool = True             # distill: also train the student without the teacher, same budget
-    threads: int = 1                  # torch threads while timing latency
-    repeats: int = 30                 # timed forward passes per model and batch size (the median is reported)
-    batch_sizes: tuple[int, ...] = (1, 64)  # latency batch sizes
-    compiled: bool = False            # also time each model after torch.compile (inductor; slow to compile)
-    verbose: bool = True              # rank 0 prints progress and the table
-
-    def __post_init__(self) -> None:
-        for method in self.methods:
-            if method not in METHODS:
-                raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)} (or several, "
-                                "comma-separated)")
-        if not self.methods or len(set(self.methods)) != len(self.methods):
-            raise UserError(f"method must name each of int8, prune, distill at most once, got {self.method!r}")
-        if self.int8_mode not in MODES:
-            raise UserError(f"int8 mode must be one of {', '.join(MODES)}; got {self.int8_mode!r}")
-        if not 0.0 < self.sparsity < 1.0:
-            raise UserError(f"sparsity must be between 0 and 1 (exclusive), got {self.sparsity}")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise UserError(f"alpha must be between 0 and 1, got {self.alpha}")
-        for key in ("temperature", "student_hidden", "calibration", "threads", "repeats"):
-            if getattr(self, key) <= 0:
-                raise UserError(f"{key.replace('_', '-')} must be > 0, got {getattr(self, key)}")
-        if self.epochs < 0 or self.lr < 0:
-            raise UserError("epochs and lr must be >= 0 (0 = the default)")
-        if not self.batch_sizes or min(self.batch_sizes) < 1:
-            raise UserError(f"batch sizes must be positive integers, got {self.batch_sizes}")
-
-    @property
-    def methods(self) -> tuple[str, ...]:
-        return tuple(m.strip() for m in self.method.split(",") if m.strip())
 
 
 @dataclass

@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 from hvdtrain.compression.export import export_program, quiet_torchao
+from hvdtrain.compression.options import MODES
 from hvdtrain.errors import UserError
-
-MODES = ("auto", "dynamic", "weight-only", "static")
 
 
 @dataclass
