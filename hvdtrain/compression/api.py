@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from hvdtrain.compression.prune import check_prunable, prune_channels
 from hvdtrain.compression.quantize import quantize_int8
 from hvdtrain.config.train_config import TrainConfig, load_config, to_yaml
 from hvdtrain.data.datasets import Data, build_data
+from hvdtrain.environment import process
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.output.console import console
@@ -147,10 +147,11 @@ def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **opti
     opts, source, out_path, student = prepare(run_dir, method, out=out, **options)
     from hvdtrain.distributed import dist
 
-    # Horovod: only training needs the workers; int8 alone runs without Horovod unless launched under it.
+    # Horovod: only training needs the workers; int8 alone starts Horovod only when a launcher started
+    # several processes, so that they all return rank 0's report.
     trains = any(m in TRAINED for m in opts.methods)
-    world = dist.init() if trains or "HOROVOD_RANK" in os.environ else None
-    is_root = world is None or world.is_root
+    world = dist.init() if trains or process.current().size > 1 else None
+    is_root = process.is_rank_zero()
     outcomes: list[tuple[str, Outcome]] = []
     for name in opts.methods:
         if name == "int8":
@@ -177,7 +178,7 @@ def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **opti
 
 
 def _say(opts: CompressOptions, text: str) -> None:
-    if opts.verbose and os.environ.get("HOROVOD_RANK", "0") == "0":
+    if opts.verbose and process.is_rank_zero():
         console.line(f"hvdtrain compress: {text}")
 
 

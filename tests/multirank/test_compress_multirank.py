@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, horovodrun, show
+from conftest import PLUGINS_DIR, ROOT, horovodrun, show
 
 pytestmark = pytest.mark.multirank
 
@@ -62,3 +64,29 @@ def test_prune_fine_tunes_on_two_workers_started_by_np(teacher, tmp_path):
     assert report["details"]["finetune"]["workers"] == 2
     assert pruned["params"] <= 0.6 * original["params"] and pruned["bytes"] <= 0.6 * original["bytes"]
     assert pruned["val_acc"] >= original["val_acc"] - 0.02
+
+
+def test_int8_on_two_mpi_ranks_started_by_np_writes_from_rank_0_only(teacher, tmp_path):
+    """horovodrun --mpi sets Open MPI's rank variables, not HOROVOD_RANK: still only rank 0 writes OUT.
+
+    The teacher's run, its dataset renamed to the writer_probe plug-in (the same digits), makes every
+    rank record each file it opens for writing, each folder it makes and each rename under OUT.
+    """
+    source, out, marks = tmp_path / "cnn", tmp_path / "cnn-int8", tmp_path / "marks"
+    source.mkdir()
+    marks.mkdir()
+    shutil.copy(teacher / "model.pt", source / "model.pt")
+    config = (teacher / "config.yaml").read_text()
+    assert "\ndataset: digits\n" in config
+    (source / "config.yaml").write_text(config.replace("\ndataset: digits\n", "\ndataset: writer_probe:digits\n"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WRITER_PROBE_OUT=str(out), WRITER_PROBE_MARKS=str(marks),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS_DIR), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain", "compress", str(source), "--method", "int8", "--np", "2",
+                           "--mpi", "--calibration", "32", "--repeats", "3", "--batch-sizes", "1", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    writers = {mark.name: mark.read_text() for mark in marks.iterdir()}
+    assert proc.returncode == 0, f"writers: {writers}\n{show(proc)}"
+    assert sorted(writers) == ["rank-0.txt"], f"writers: {writers}\n{show(proc)}"
+    assert "report.json" in writers["rank-0.txt"] and "compressed.pt" in writers["rank-0.txt"]
+    assert proc.stdout.count("hvdtrain compress: wrote") == 1, show(proc)
+    assert json.loads((out / "report.json").read_text())["export_ok"]
