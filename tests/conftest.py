@@ -50,9 +50,9 @@ def equiv_one_process(run_dir: Path, name: str) -> None:
 @pytest.fixture
 def one_worker():
     """Horovod stays initialised across tests: after MPI_Finalize, MPI cannot start again in a process."""
-    from hvdtrain.distributed import dist
+    from hvdtrain.distributed import runtime
 
-    yield dist.init()
+    yield runtime.init()
 
 
 def horovodrun_cmd(np: int, args: list[str], backend: str) -> list[str]:

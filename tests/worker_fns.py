@@ -4,12 +4,12 @@
 def _raise_on_rank_1():
     import torch
 
-    from hvdtrain.distributed import dist
+    from hvdtrain.distributed import collectives, runtime
 
-    world = dist.init()
+    world = runtime.init()
     if world.rank == 1:
         raise ValueError("planted failure on rank 1")
-    dist.allreduce_sum(torch.tensor([1.0]), name="waits_for_rank_1")
+    collectives.allreduce_sum(torch.tensor([1.0]), name="waits_for_rank_1")
     return "unreachable"
 
 
@@ -38,15 +38,16 @@ def _wait_cpu(late_s):
 
     import torch
 
-    from hvdtrain.distributed import dist
+    from hvdtrain.distributed import collectives, runtime
 
-    world = dist.init()
+    world = runtime.init()
     cpu, verdicts = {}, []
     for mode in ("sleep", "spin"):
         os.environ["HVDTRAIN_WAIT"] = mode
         if world.rank == 1:
             time.sleep(late_s)
         start = time.thread_time()
-        verdicts.append(dist.all_finite(dist.nonfinite_flag_async(torch.tensor(1.0), name=f"late_{mode}")))
+        flag = collectives.nonfinite_flag_async(torch.tensor(1.0), name=f"late_{mode}")
+        verdicts.append(collectives.all_finite(flag))
         cpu[mode] = time.thread_time() - start
     return world.rank, verdicts, cpu

@@ -55,9 +55,9 @@ class Guarded:
             failure = Failure(int(os.environ.get("HOROVOD_RANK", -1)), type(err).__name__, str(err),
                               traceback.format_exc(), socket.gethostname(), isinstance(err, UserError))
             # Peers blocked in a collective with this rank fail now instead of waiting for a timeout.
-            from hvdtrain.distributed import dist
+            from hvdtrain.distributed import runtime
 
-            dist.shutdown()
+            runtime.shutdown()
             return failure
 
 

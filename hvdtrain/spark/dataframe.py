@@ -40,7 +40,7 @@ class DataFrameJob:
 def train_on_store(job: DataFrameJob) -> dict[str, Any]:
     """Runs on every rank: stream this rank's rows, train, and report what was read."""
     from hvdtrain.data.streaming import ParquetStream, ParquetTable
-    from hvdtrain.distributed import dist
+    from hvdtrain.distributed import runtime
     from hvdtrain.train.evaluation import param_digest
     from hvdtrain.train.trainer import Trainer
 
@@ -58,7 +58,7 @@ def train_on_store(job: DataFrameJob) -> dict[str, Any]:
     train.rows_read = 0     # count what training reads, not the first-batch probes
     _reset_peak_rss()
     history = trainer.fit()
-    world = dist.world()
+    world = runtime.world()
     report = {"rank": world.rank, "input_width": width, "train_rows_read": train.rows_read,
               "val_rows_read": val.rows_read if val else 0, "digest": param_digest(trainer.model),
               "peak_rss_growth": _peak_rss_growth()}

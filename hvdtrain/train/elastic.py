@@ -1,9 +1,9 @@
 """Elastic training (horovodrun --min-np/--max-np, Gloo): everything it adds to the loop, in one place.
 
-The loop calls three things: `run` (instead of training directly), `begin` (after every start or
-restart, inside Horovod's retry loop) and `commit`. Workers that join a running job make no
-collective call before the state's first sync, so rank 0's run-directory verdict and checkpoint
-ride in the state (`start`), and each restart adopts them here.
+A component, as torchtitan's fault tolerance is: the Trainer hands it the model, the optimizer and a
+`Loop` (the few public methods below) and calls `run` (instead of training directly) and `commit`.
+Workers that join a running job make no collective call before the state's first sync, so rank 0's
+run-directory verdict and checkpoint ride in the state (`start`), and each (re)start adopts them.
 """
 from __future__ import annotations
 
@@ -12,17 +12,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from hvdtrain.distributed import dist
-from hvdtrain.errors import UserError
+import torch
+
+from hvdtrain.distributed import elastic_state, runtime
 from hvdtrain.output.console import console
 from hvdtrain.train import checkpoint
 from hvdtrain.train.progress import Progress
-from hvdtrain.train.resume import apply_resume
-
-if TYPE_CHECKING:
-    from hvdtrain.train.trainer import Trainer
 
 # Set by `hvdtrain launch` to its --start-timeout: how long a job may wait below --min-np for hosts.
 WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
@@ -34,15 +31,38 @@ SAVE_AFTER_S = 10.0
 GIVE_UP_EXTRA_S = 30.0
 
 
+class Loop(Protocol):
+    """What the elastic component needs from the training loop (the Trainer provides it)."""
+
+    def train_until(self, p: Progress, end_epoch: int) -> None:
+        """Train from wherever `p` stands; calls `commit` along the way."""
+
+    def start_run(self, plan: dict[str, Any], found: dict[str, Any] | None, p: Progress, end_epoch: int) -> None:
+        """Adopt rank 0's run-directory verdict and resumed checkpoint (raises their UserError)."""
+
+    def resize(self, world: runtime.World) -> None:
+        """Re-shard the data and rescale the LR for a new set of workers."""
+
+    def zero_stats(self) -> torch.Tensor:
+        """Empty metric sums in this run's layout."""
+
+    def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]]) -> str | None:
+        """Write `p` as rank 0 would, with each rank's (RNG state, metric sums); returns the path."""
+
+
 class ElasticRun:
     """Args:
-        trainer: the Trainer whose loop runs elastically.
+        loop: the training loop to run elastically.
+        model, optimizer: what Horovod's state saves on commit and restores after a failure.
         start: {"plan": rank 0's run-dir verdict (None elsewhere), "resume": what rank 0 read (or None)}.
     """
 
-    def __init__(self, trainer: Trainer, start: dict[str, Any]) -> None:
-        self.trainer = trainer
+    def __init__(self, loop: Loop, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 start: dict[str, Any]) -> None:
+        self.loop = loop
+        self.model, self.optimizer = model, optimizer
         self.start = start
+        self.rank = 0                       # for messages while the world re-forms (Horovod is down then)
         self.state: Any = None
         self._own_stats: Any = None
         self._final: Progress | None = None
@@ -53,12 +73,11 @@ class ElasticRun:
 
     def run(self, progress: Progress, end_epoch: int) -> Progress:
         """Train until end_epoch, surviving workers that leave or join; returns where training ended."""
-        trainer = self.trainer
         # Horovod's state saves references on commit, so it only ever holds copies of the progress.
-        self.state = dist.elastic_state(trainer.model, trainer.optimizer, progress=progress.copy(),
-                                        start=self.start)
+        self.state = elastic_state.elastic_state(self.model, self.optimizer, progress=progress.copy(),
+                                                 start=self.start)
         self.state.register_reset_callbacks([self._on_reset])
-        dist.run_elastic(self._attempt, while_resetting=self._waiting_for_world)(self.state, end_epoch)
+        elastic_state.run_elastic(self._attempt, while_resetting=self._waiting_for_world)(self.state, end_epoch)
         self.start = self.state.start
         assert self._final is not None
         return self._final
@@ -66,7 +85,7 @@ class ElasticRun:
     def _attempt(self, state: Any, end_epoch: int) -> None:
         p = state.progress.copy()
         self._begin(p, end_epoch)
-        self.trainer._train(p, end_epoch)
+        self.loop.train_until(p, end_epoch)
         self._final = p
 
     def commit(self, p: Progress) -> None:
@@ -76,20 +95,16 @@ class ElasticRun:
 
     def _begin(self, p: Progress, end_epoch: int) -> None:
         """After every (re)start: act on what rank 0 decided before the first sync."""
-        trainer, state = self.trainer, self.state
+        state = self.state
         plan, found = state.start["plan"], state.start["resume"]
         # Metric sums are per rank: a survivor keeps its own, a worker that just joined starts from zero.
-        p.stats = self._own_stats if self._own_stats is not None else trainer.metrics.zeros()
+        self.rank = runtime.world().rank
+        p.stats = self._own_stats if self._own_stats is not None else self.loop.zero_stats()
         self._own_stats = None
-        if plan["error"]:
-            raise UserError(plan["error"])        # on every rank at once: the verdict came by broadcast
-        trainer.run_path = plan["path"]
-        resumed = None
+        # On every rank at once (the verdict came by the sync); rank 0 may be another process than at the start.
+        self.loop.start_run(plan, found, p, end_epoch)
         if found is not None:
-            resumed = apply_resume(found, p, trainer.world, trainer.scaler)
             state.start = {"plan": plan, "resume": None}  # once: a worker joining later takes the synced state
-            trainer._check_work_left(p, end_epoch)
-        trainer._open_log(resumed)            # rank 0 may be another process than at the start
         # Horovod commits only in commit(): without this, a failure before the first commit would restore
         # each worker's own pre-sync weights (and a resumed run's progress without its weights).
         state.progress = p.copy()
@@ -99,7 +114,7 @@ class ElasticRun:
         """Workers joined or left: keep this rank's own sums, re-shard the rest of the epoch, rescale the LR."""
         # The sync that follows hands every rank rank 0's sums, which would count rank 0's share once per worker.
         self._own_stats = self.state.progress.stats
-        self.trainer._fit_to_world(dist.world())
+        self.loop.resize(runtime.world())
 
     @contextmanager
     def _waiting_for_world(self) -> Iterator[None]:
@@ -133,11 +148,12 @@ class ElasticRun:
         Every survivor holds the same committed model, optimizer and progress (rank 0 may be the one lost);
         the claim is a file beside the checkpoints, which every rank reaches (the run directory is shared).
         """
-        trainer = self.trainer
-        if not trainer.run_path:
+        plan = self.state.start["plan"]     # rank 0's, since the first sync
+        run_path = plan["path"] if plan else None
+        if not run_path:
             return
         p = self.state.progress     # the committed copy: the restored weights match it
-        folder = checkpoint.checkpoint_dir(trainer.run_path)
+        folder = checkpoint.checkpoint_dir(run_path)
         claim = folder / f".last-commit-{p.step:09d}.claim"
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -146,14 +162,14 @@ class ElasticRun:
             return
         self._claim = claim
         # This rank's RNG state and metric sums alone: the file reads as a one-worker run (see resume.py).
-        path = trainer._write_checkpoint(p, [(checkpoint.rng_state(), p.stats)])
+        path = self.loop.write_checkpoint(p, [(checkpoint.rng_state(), p.stats)])
         console.error(f"note: the workers have not re-formed after {SAVE_AFTER_S:g} s; in case they never do, "
-                      f"rank {trainer.world.rank} saved the last commit (step {p.step}) to {path}")
+                      f"rank {self.rank} saved the last commit (step {p.step}) to {path}")
 
     def _give_up(self, waited_s: float) -> None:
         with self._reset_lock:
             if not self._resetting:
                 return
-        console.error(f"error: rank {self.trainer.world.rank}: no new set of workers within {waited_s:g} s "
+        console.error(f"error: rank {self.rank}: no new set of workers within {waited_s:g} s "
                       "(fewer than --min-np left?); giving up; resume with --resume auto")
         os._exit(1)

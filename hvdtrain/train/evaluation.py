@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, Subset, default_collate
 
 from hvdtrain.data.sharding import eval_shard
-from hvdtrain.distributed import dist
+from hvdtrain.distributed import collectives, runtime
 from hvdtrain.train.batch import first_tensor, to_device
 from hvdtrain.train.metrics import MetricSet
 from hvdtrain.train.step import LossFn, StepFn, run_step
@@ -28,7 +28,7 @@ def probe_batch(data: Any, n: int) -> Any:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Any, loss_fn: LossFn, step_fn: StepFn | None, metrics: MetricSet,
-             world: dist.World, batch_size: int, device: torch.device) -> dict[str, Any]:
+             world: runtime.World, batch_size: int, device: torch.device) -> dict[str, Any]:
     """val_loss and every metric over all of `data`, each sample counted exactly once across ranks."""
     was_training = model.training
     model.eval()
@@ -37,7 +37,7 @@ def evaluate(model: nn.Module, data: Any, loss_fn: LossFn, step_fn: StepFn | Non
         out = run_step(model, to_device(batch, device), loss_fn, step_fn)
         sums += metrics.batch_sums(out.loss, out.n, out.extras, out.outputs, out.targets)
     # Horovod: sums, not averages, so unequal shards weigh correctly.
-    total = dist.allreduce_sum(sums.cpu(), name="eval_stats")
+    total = collectives.allreduce_sum(sums.cpu(), name="eval_stats")
     model.train(was_training)
     return {**metrics.values(total, prefix="val_"), "val_samples": int(total[1].item())}
 
@@ -69,11 +69,11 @@ def interleave(shards: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def predict(model: nn.Module, data: Any, world: dist.World, batch_size: int, device: torch.device) -> torch.Tensor:
+def predict(model: nn.Module, data: Any, world: runtime.World, batch_size: int, device: torch.device) -> torch.Tensor:
     """Outputs for every sample of `data` in its original order, on every rank."""
     local = predict_shard(model, data, world.rank, world.size, batch_size, device)
     # Horovod: shards differ in length, so gather as objects; rank r holds samples r, r+size, ...
-    return interleave(dist.allgather_object(local, name="predict"))
+    return interleave(collectives.allgather_object(local, name="predict"))
 
 
 def param_digest(model: nn.Module) -> str:

@@ -1,4 +1,4 @@
-"""--resume: rank 0 reads the checkpoint; progress, RNG states and metric sums travel by broadcast."""
+"""--resume: rank 0 reads the checkpoint (read_on_root); every rank applies its share (apply_resume)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +7,9 @@ from typing import Any
 import torch
 
 from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.distributed import dist
-from hvdtrain.errors import UserError
+from hvdtrain.distributed import runtime
+from hvdtrain.errors import UserError, first_line
 from hvdtrain.train import checkpoint
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Module,
@@ -36,25 +32,14 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
         optimizer.load_state_dict(payload["optimizer"])
     except (RuntimeError, ValueError, KeyError) as err:
         made_with = payload.get("config", {}).get("model", "?")
-        return {"error": f"checkpoint {path} does not fit this model/optimizer ({_first_line(err)}); it was "
+        return {"error": f"checkpoint {path} does not fit this model/optimizer ({first_line(err)}); it was "
                          f"written with --model {made_with}: use the same model and optimizer, or another checkpoint"}
     meta = {key: payload[key] for key in ("progress", "world_size", "rng", "stats")}
     meta["scaler"] = payload.get("scaler")  # fp16's loss scale; absent otherwise
     return {"payload": meta, "path": str(path), "note": "; ".join(notes)}
 
 
-def resume_state(config: TrainConfig, run_path: str | None, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, progress: Any, world: dist.World,
-                 scaler: torch.amp.GradScaler | None = None) -> str | None:
-    """Apply --resume on every rank. Returns a line for rank 0 to print, or None when not resuming."""
-    if not config.resume:
-        return None
-    found = read_on_root(config, run_path, model, optimizer) if world.is_root else None
-    found = dist.broadcast_object(found, name="resume")
-    return apply_resume(found, progress, world, scaler)
-
-
-def apply_resume(found: dict[str, Any], progress: Any, world: dist.World,
+def apply_resume(found: dict[str, Any], progress: Any, world: runtime.World,
                  scaler: torch.amp.GradScaler | None = None) -> str | None:
     """This rank's share of what rank 0 read: progress, its RNG state and metric sums, the loss scale."""
     if found.get("error"):
@@ -72,8 +57,8 @@ def apply_resume(found: dict[str, Any], progress: Any, world: dist.World,
         checkpoint.set_rng_state(meta["rng"][world.rank])
         how = "exactly where it stopped"
     else:
-        # Sums are what metrics need; keep them once, on rank 0.
-        progress.stats = sum(meta["stats"]) if world.is_root else torch.zeros(3, dtype=torch.float64)
+        # Sums are what metrics need; keep them once, on rank 0 (the others: zeros in the run's own layout).
+        progress.stats = sum(meta["stats"]) if world.is_root else torch.zeros_like(meta["stats"][0])
         checkpoint.set_rng_state(meta["rng"][world.rank % old_size])
         how = (f"with {world.size} workers instead of {old_size}: the rest of epoch {progress.epoch + 1} "
                "is re-split across the new workers (every sample still seen once, but batches differ "

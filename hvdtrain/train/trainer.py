@@ -13,7 +13,7 @@ from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.data.loader import build_loader
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
 from hvdtrain.data.streaming import is_stream
-from hvdtrain.distributed import dist
+from hvdtrain.distributed import collectives, gradients, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.models.pipeline import place
@@ -33,7 +33,7 @@ from hvdtrain.train.nonfinite import count_nonfinite, gradients_finite
 from hvdtrain.train.optim import make_optimizer
 from hvdtrain.train.precision import autocast, check_precision, make_scaler
 from hvdtrain.train.progress import Progress
-from hvdtrain.train.resume import read_on_root, resume_state
+from hvdtrain.train.resume import apply_resume, read_on_root
 from hvdtrain.train.signals import STOP, agreed_signal, stop_flags
 from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, run_step
 
@@ -68,7 +68,7 @@ class Trainer:
                  step_fn: StepFn | None = None, metrics: Sequence[str | Metric] | None = None,
                  config: TrainConfig | None = None) -> None:
         self.config = config = config or TrainConfig()
-        world = dist.init(dist.horovod_env(config))  # Horovod: timeline, autotune, stall check
+        world = runtime.init(settings.horovod_env(config))  # Horovod: timeline, autotune, stall check
         console.set_rank(world.rank)
         torch.set_num_threads(config.threads or threads_per_worker(world.local_size))
         keep_host_memory(config.keep_host_memory)  # a step's tensors reuse the last step's pages
@@ -81,7 +81,7 @@ class Trainer:
             raise UserError(f"monitor {config.monitor} needs held-out data (val_data); drop --monitor")
         self.train_data, self.val_data = train_data, val_data
         # Horovod: with sync_bn, BatchNorm statistics come from the global batch, not each worker's shard.
-        model = dist.convert_sync_bn(model) if config.sync_bn else model
+        model = sync_bn.convert_sync_bn(model) if config.sync_bn else model
         self.model = place(model, self.device, local_rank=world.local_rank, local_size=world.local_size,
                            stages=config.stages, split=config.stage_split, micro_batches=config.micro_batches)
         self.step_fn = step_fn
@@ -99,10 +99,10 @@ class Trainer:
         # so none waits alone, and nothing is written before all input checks passed.
         plan = plan_run_dir(config) if world.is_root else None
         # Horovod's wrapper is a new optimizer object: state is loaded into it, not into the original.
-        self.optimizer: Any = dist.wrap_optimizer(
+        self.optimizer: Any = gradients.wrap_optimizer(
             optimizer, self.model, accumulate=config.accumulate, compression=config.compression, op=config.op,
             gradient_predivide_factor=config.gradient_predivide_factor)
-        self.steps_in_backward = dist.steps_in_backward(config.op)
+        self.steps_in_backward = gradients.steps_in_backward(config.op)
         # The loss decides, not a pass over every gradient (that pass cost ~5% of an MLP step; see
         # benchmarks/README.md). fp16 keeps the gradient check: an overflow there leaves the loss finite.
         self.check_loss = bool(config.nonfinite_limit) and not self.steps_in_backward and self.scaler is None
@@ -113,25 +113,25 @@ class Trainer:
         self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
         self.loader = build_loader(train_data, None if self.streaming else self.sampler, config, world.rank,
                                    self.device)
-        self._fit_to_world(world)
+        self.resize(world)
         self.history = History()
         self.after_epoch: AfterEpoch | None = None
+        self.samples_this_fit = 0       # trained by all ranks in the current fit() call (its samples/s)
         self.elastic: ElasticRun | None = None
         if config.elastic:
             # Horovod elastic: no collective call here (a joining worker makes none before the first sync).
             start: dict[str, Any] = {"plan": plan, "resume": None}
             if plan is not None and config.resume and not plan["error"]:  # rank 0: weights now, progress later
                 start["resume"] = read_on_root(config, plan["path"], self.model, self.optimizer)
-            self.elastic = ElasticRun(self, start)
+            self.elastic = ElasticRun(self, self.model, self.optimizer, start)
         else:
-            plan = dist.broadcast_object(plan, name="run_dir_plan")
-            if plan["error"]:
-                raise UserError(plan["error"])
-            self.run_path = plan["path"]
-            resumed = resume_state(config, self.run_path, self.model, self.optimizer, self.progress, world,
-                                   self.scaler)
-            dist.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
-            self._open_log(resumed)
+            plan = collectives.broadcast_object(plan, name="run_dir_plan")
+            found = None
+            if config.resume and not plan["error"]:
+                found = read_on_root(config, plan["path"], self.model, self.optimizer) if world.is_root else None
+                found = collectives.broadcast_object(found, name="resume")
+            self.start_run(plan, found, self.progress)
+            collectives.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
 
     def _check_first_batch(self, batch: Any, metrics: Sequence[str | Metric] | None) -> MetricSet:
         """One step on a small batch, before anything is written: an unsupported batch, output, loss or
@@ -165,17 +165,18 @@ class Trainer:
         end_epoch = (epochs or self.config.epochs) + (0 if first_call else p.epoch)
         if not first_call:
             p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
+        self.samples_this_fit = 0
         start = time.perf_counter()
         if self.elastic:
             self.progress = self.elastic.run(p, end_epoch)
         else:
             self._check_work_left(p, end_epoch)
-            self._train(p, end_epoch)
+            self.train_until(p, end_epoch)
         self._finish(time.perf_counter() - start)
         return self.history
 
-    def _train(self, p: Progress, end_epoch: int) -> None:
-        """The loop, from wherever `p` says training stands."""
+    def train_until(self, p: Progress, end_epoch: int) -> None:
+        """The loop, from wherever `p` says training stands, to end_epoch (or max_steps, or a stop)."""
         config = self.config
         # Planned here, not once: after an elastic reset the same epochs take a different number of steps.
         done_this_epoch = -(-p.position // (config.batch_size * config.accumulate * self.world.size))
@@ -272,13 +273,13 @@ class Trainer:
         if self.check_loss:
             # Horovod: non-finite loss on any rank -> skip on all; rides in the gradients' last allreduce.
             loss = parts[0][0] if len(parts) == 1 else torch.stack([part[0] for part in parts]).double().sum()
-            loss_flag = dist.nonfinite_flag_async(loss, "step_loss", self.config.gradient_predivide_factor)
-        dist.synchronize_gradients(self.optimizer)          # Horovod: averaged gradients, equal on all ranks
+            loss_flag = collectives.nonfinite_flag_async(loss, "step_loss", self.config.gradient_predivide_factor)
+        gradients.synchronize_gradients(self.optimizer)          # Horovod: averaged gradients, equal on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
             applied = gradients_finite(self.model, self.scaler, p, self.config.nonfinite_limit)
         else:
-            applied = loss_flag is None or count_nonfinite(p, dist.all_finite(loss_flag), "loss",
+            applied = loss_flag is None or count_nonfinite(p, collectives.all_finite(loss_flag), "loss",
                                                            self.config.nonfinite_limit)
         if applied:
             with self.optimizer.skip_synchronize():
@@ -295,7 +296,7 @@ class Trainer:
         Returns (summed metric sums, the signal all ranks agree on, samples seen by all)."""
         size = self.metrics.size
         extra = torch.tensor([*stop_flags(STOP.signum), float(seen)], dtype=torch.float64)
-        total = dist.allreduce_sum(torch.cat([p.stats, extra]), name=name)
+        total = collectives.allreduce_sum(torch.cat([p.stats, extra]), name=name)
         return total[:size], agreed_signal(total[size:size + 2].tolist()), int(total[size + 2].item())
 
     def _log_interval(self, p: Progress, lr_factor: float) -> None:
@@ -310,9 +311,10 @@ class Trainer:
 
     def _end_epoch(self, p: Progress, lr_factor: float, seconds: float, steps: int, seen: int) -> None:
         total, signum, seen_all = self._reduce(p, "epoch_stats", seen)
+        self.samples_this_fit += seen_all
         # Horovod: one set of BatchNorm statistics for evaluation and the saved model (SyncBatchNorm keeps
         # them equal already).
-        dist.average_buffers(self.float_buffers)
+        collectives.average_buffers(self.float_buffers)
         record = {"kind": "epoch", "epoch": p.epoch, "step": p.step, "lr": self.base_lrs[0] * lr_factor,
                   **self.metrics.values(total, prefix="train_"), "train_samples": int(total[1].item()),
                   **self.evaluate(),
@@ -336,7 +338,7 @@ class Trainer:
         verdict = (improved(p.best, value, self.metrics.higher_is_better(monitor)), value) \
             if self.world.is_root else None
         # Horovod: rank 0's verdict for all, so every rank stops at the same epoch.
-        better, value = dist.broadcast_object(verdict, name="monitor")
+        better, value = collectives.broadcast_object(verdict, name="monitor")
         if better:
             p.best, p.best_epoch = value, p.epoch
             if self.log:
@@ -350,10 +352,10 @@ class Trainer:
         """A collective: every rank contributes its RNG state and metric sums; rank 0 writes."""
         if not self.run_path:
             return None
-        per_rank = dist.allgather_object((checkpoint.rng_state(), p.stats), name="checkpoint_gather")
-        return self._write_checkpoint(p, per_rank) if self.world.is_root else None
+        per_rank = collectives.allgather_object((checkpoint.rng_state(), p.stats), name="checkpoint_gather")
+        return self.write_checkpoint(p, per_rank) if self.world.is_root else None
 
-    def _write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]]) -> str | None:
+    def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]]) -> str | None:
         """Write as rank 0, with each rank's (RNG state, metric sums); one entry reads as a 1-worker run."""
         if not self.run_path:
             return None
@@ -370,21 +372,36 @@ class Trainer:
             raise UserError(f"nothing to do: the run already finished {p.epoch} of {end_epoch} epochs "
                             f"({p.step} steps); raise --epochs (or --max-steps) to train longer")
 
+    def start_run(self, plan: dict[str, Any], found: dict[str, Any] | None, p: Progress,
+                  end_epoch: int | None = None) -> None:
+        """On every rank: rank 0's run-directory verdict and what it read to resume (both already shared),
+        then rank 0's banner. `end_epoch` given (elastic, inside fit): a resumed run must have work left."""
+        if plan["error"]:
+            raise UserError(plan["error"])
+        self.run_path = plan["path"]
+        resumed = apply_resume(found, p, self.world, self.scaler) if found is not None else None
+        if found is not None and end_epoch is not None:
+            self._check_work_left(p, end_epoch)
+        self._open_log(resumed)
+
+    def zero_stats(self) -> torch.Tensor:
+        return self.metrics.zeros()
+
     def _open_log(self, resumed: str | None) -> None:
-        """Rank 0: the run directory (if any) and the banner; once per process."""
+        """Rank 0: the run directory (if any) and the banner; once per process (elastic restarts call again)."""
         if not self.world.is_root or self.announced:
             return
         self.announced = True
         if self.run_path:
             self.log = RunLog(self.run_path, self.config)
-        console.banner(banner_lines(self.config, world=self.world, backend=dist.backend_name(),
+        console.banner(banner_lines(self.config, world=self.world, backend=runtime.backend_name(),
                                     device=self.device.type, train=len(self.train_data),
                                     held_out=len(self.val_data) if self.val_data is not None else 0,
                                     lr_scale=self.lr_scale, run_path=self.run_path))
         if resumed:
             console.line(f"hvdtrain: {resumed}")
 
-    def _fit_to_world(self, world: dist.World) -> None:
+    def resize(self, world: runtime.World) -> None:
         """What follows from the number of workers: set at the start and after every elastic resize."""
         config = self.config
         self.world = world
@@ -399,11 +416,11 @@ class Trainer:
     def _finish(self, wall: float) -> None:
         p = self.progress
         # Horovod: proof that every replica took the same steps and ended with the same weights.
-        per_rank = dist.allgather_object((p.step, param_digest(self.model)), name="final_state")
+        per_rank = collectives.allgather_object((p.step, param_digest(self.model)), name="final_state")
         last = self.history[-1] if self.history else {}
-        seen = sum(r["samples_per_s"] * r["epoch_time_s"] for r in self.history)
         summary = {**last, "kind": "summary", "epochs_run": len(self.history), "steps": p.step,
-                   "skipped_steps": p.skipped, "workers": self.world.size, "samples_per_s": seen / wall,
+                   "skipped_steps": p.skipped, "workers": self.world.size,
+                   "samples_per_s": self.samples_this_fit / wall,
                    "wall_time_s": wall, "rank_steps": [s for s, _ in per_rank],
                    "param_digests": [d for _, d in per_rank], "run_dir": self.run_path}
         if self.config.monitor:

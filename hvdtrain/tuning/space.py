@@ -14,7 +14,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from hvdtrain.config.train_config import FIELD_TYPES, TrainConfig, coerce, load_config, load_yaml_file
+from hvdtrain.config.train_config import FIELD_TYPES, TrainConfig, coerce, load_config
+from hvdtrain.config.yaml_file import load_yaml_file
 from hvdtrain.errors import ConfigError
 
 TYPES = ("float", "int", "categorical")

@@ -17,10 +17,10 @@ from hvdtrain.errors import LaunchError, WorkerError
 def _rank_and_sum(x):
     import torch
 
-    from hvdtrain.distributed import dist
+    from hvdtrain.distributed import collectives, runtime
 
-    world = dist.init()
-    return world.rank, world.size, x, dist.allreduce_sum(torch.tensor([world.rank + 1.0]), name="api_sum").item()
+    world = runtime.init()
+    return world.rank, world.size, x, collectives.allreduce_sum(torch.tensor([world.rank + 1.0]), name="api_sum").item()
 
 
 def _fit_mlp(epochs):

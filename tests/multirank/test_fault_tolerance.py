@@ -1,6 +1,7 @@
 """Tier 3: kill, stop, resume and fail for real under horovodrun; nothing hangs, nothing is lost."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -170,3 +171,36 @@ def test_resuming_a_checkpoint_of_another_model_is_refused_and_overwrites_nothin
     assert f"hvdtrain: error: checkpoint {ckpt} does not fit this model/optimizer" in out, show(proc)
     assert "written with --model mlp" in out
     assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+
+
+def regression_csv(folder: Path) -> Path:
+    """120 rows, 4 features, a real-valued label: the MSE+MAE MetricSet (6 sums, not accuracy's 4)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(120, 4, generator=gen)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 0.0]) + 0.1
+    path = folder / "reg.csv"
+    path.write_text("a,b,c,d,target\n" + "".join(
+        ",".join(f"{v:.5f}" for v in [*row.tolist(), float(label)]) + "\n" for row, label in zip(x, y, strict=True)))
+    return path
+
+
+@pytest.mark.parametrize("task", ["accuracy", "regression"])
+@pytest.mark.parametrize("before, after", [(1, 2), (2, 1)])
+def test_resume_mid_epoch_on_another_number_of_workers(tmp_path, task, before, after):
+    """Each rank's metric sums come back with the run's own MetricSet layout (rank 0 holds the old sums):
+    once rank 1 of the resumed job got 3 zeros for accuracy's 4 or MSE+MAE's 6 sums and crashed."""
+    data = (["--dataset", f"csv:{regression_csv(tmp_path)}", "--label", "target", "--model", "mlp"]
+            if task == "regression" else ["--dataset", "synthetic", "--synthetic-samples", "256",
+                                          "--synthetic-shape", "1,4,4", "--model", "mlp"])
+    job = ["-m", "hvdtrain", *data, "--hidden", "16", "--batch-size", "8", "--threads", "1", "--val-fraction",
+           "0.2", "--run-dir", str(tmp_path), "--name", "run", "--log-interval", "2"]
+    first = horovodrun(before, [*job, "--epochs", "1", "--max-steps", "3", "--checkpoint-steps", "3"], "gloo")
+    assert first.returncode == 0, show(first)
+    assert (tmp_path / "run" / "checkpoints" / "ckpt-000000003.pt").exists()
+    proc = horovodrun(after, [*job, "--epochs", "2", "--resume", "auto"], "gloo")
+    assert proc.returncode == 0, show(proc)
+    assert f"with {after} workers instead of {before}" in proc.stdout, show(proc)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["workers"] == after and summary["epochs_run"] >= 1
+    metric = "train_mse" if task == "regression" else "train_acc"
+    assert metric in summary and summary[metric] == summary[metric]   # a number, not NaN

@@ -15,7 +15,7 @@ import torch
 from hvdtrain.config.train_config import FIELD_TYPES, load_config
 from hvdtrain.data.datasets import build_data
 from hvdtrain.data.sharding import step_samples, steps_per_epoch
-from hvdtrain.distributed import dist
+from hvdtrain.distributed import runtime, settings
 from hvdtrain.errors import ConfigError, UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.train.early_stopping import improved, patience_exhausted
@@ -49,14 +49,14 @@ def test_feature_options_are_validated_with_one_line_messages(args, message):
 
 
 def test_horovod_settings_become_the_environment_hvd_init_reads(tmp_path):
-    assert dist.horovod_env(load_config()) == {}  # nothing asked: horovodrun's own flags still apply
+    assert settings.horovod_env(load_config()) == {}  # nothing asked: horovodrun's own flags still apply
     config = load_config(None, ["--timeline-file", "t.json", "--autotune", "true", "--stall-check-s", "5",
                                 "--stall-shutdown-s", "120"])
-    env = dist.horovod_env(config)
+    env = settings.horovod_env(config)
     assert env == {"HOROVOD_TIMELINE": env["HOROVOD_TIMELINE"], "HOROVOD_AUTOTUNE": "1",
                    "HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120"}
     assert env["HOROVOD_TIMELINE"].endswith("/t.json") and env["HOROVOD_TIMELINE"].startswith("/")
-    assert dist.horovod_env(load_config(None, ["--stall-check-s", "0"])) == {"HOROVOD_STALL_CHECK_DISABLE": "1"}
+    assert settings.horovod_env(load_config(None, ["--stall-check-s", "0"])) == {"HOROVOD_STALL_CHECK_DISABLE": "1"}
 
 
 class FakeHorovod:
@@ -87,11 +87,11 @@ def test_open_mpi_yields_when_idle_unless_the_user_says_otherwise(monkeypatch, p
     """hvdtrain's MPI defaults (benchmarks/README.md: Horovod's background thread busy-polled most of
     a core at np=2) are in the environment when hvd.init() runs; a value already there wins."""
     fake = FakeHorovod()
-    monkeypatch.setattr(dist, "hvd", fake)
+    monkeypatch.setattr(runtime, "hvd", fake)
     monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
     if preset is not None:
         monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", preset)
-    dist.init({"HOROVOD_AUTOTUNE": "1"})
+    runtime.init({"HOROVOD_AUTOTUNE": "1"})
     assert fake.seen["OMPI_MCA_mpi_yield_when_idle"] == expected
     assert fake.seen["HOROVOD_AUTOTUNE"] == "1"
 
@@ -99,27 +99,27 @@ def test_open_mpi_yields_when_idle_unless_the_user_says_otherwise(monkeypatch, p
 def test_mpi_defaults_drop_the_ofi_btl_on_one_host_only():
     yield_ = {"OMPI_MCA_mpi_yield_when_idle": "1"}
     one_host = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
-    assert dist.mpi_defaults(one_host) == {**yield_, "OMPI_MCA_btl": "^ofi"}
+    assert settings.mpi_defaults(one_host) == {**yield_, "OMPI_MCA_btl": "^ofi"}
     # horovodrun --mpi's own `-mca btl ^openib` arrives as this variable: extended, not replaced
-    assert dist.mpi_defaults({**one_host, "OMPI_MCA_btl": "^openib"}) == {**yield_, "OMPI_MCA_btl": "^openib,ofi"}
-    assert dist.mpi_defaults({**one_host, "OMPI_MCA_btl": "^openib,ofi"}) == yield_
-    assert dist.mpi_defaults({**one_host, "OMPI_MCA_btl": "self,tcp"}) == yield_    # a list to use: kept
+    assert settings.mpi_defaults({**one_host, "OMPI_MCA_btl": "^openib"}) == {**yield_, "OMPI_MCA_btl": "^openib,ofi"}
+    assert settings.mpi_defaults({**one_host, "OMPI_MCA_btl": "^openib,ofi"}) == yield_
+    assert settings.mpi_defaults({**one_host, "OMPI_MCA_btl": "self,tcp"}) == yield_    # a list to use: kept
     two_hosts = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
-    assert dist.mpi_defaults(two_hosts) == yield_
-    assert dist.mpi_defaults({}) == yield_                                          # not under mpirun
-    assert dist.mpi_defaults({**one_host, "HVDTRAIN_MPI_DEFAULTS": "yield"}) == yield_
-    assert dist.mpi_defaults({**one_host, "HVDTRAIN_MPI_DEFAULTS": "0"}) == {}       # all off
+    assert settings.mpi_defaults(two_hosts) == yield_
+    assert settings.mpi_defaults({}) == yield_                                          # not under mpirun
+    assert settings.mpi_defaults({**one_host, "HVDTRAIN_MPI_DEFAULTS": "yield"}) == yield_
+    assert settings.mpi_defaults({**one_host, "HVDTRAIN_MPI_DEFAULTS": "0"}) == {}       # all off
 
 
 def test_gloo_ops_get_a_2_ms_cycle_unless_the_user_or_autotune_chooses():
     gloo = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4321"}
-    assert dist.gloo_defaults(gloo) == {"HOROVOD_CYCLE_TIME": "2"}
-    assert dist.gloo_defaults({"HOROVOD_CONTROLLER": "gloo"}) == {"HOROVOD_CYCLE_TIME": "2"}
-    assert dist.gloo_defaults({**gloo, "HOROVOD_CYCLE_TIME": "1"}) == {}      # the user's value
-    assert dist.gloo_defaults({**gloo, "HOROVOD_AUTOTUNE": "1"}) == {}        # autotune tunes the cycle
-    assert dist.gloo_defaults({**gloo, "HOROVOD_AUTOTUNE": "0"}) == {"HOROVOD_CYCLE_TIME": "2"}
-    assert dist.gloo_defaults({"OMPI_COMM_WORLD_SIZE": "2"}) == {}            # MPI ops: Horovod's default
-    assert dist.gloo_defaults({}) == {}
+    assert settings.gloo_defaults(gloo) == {"HOROVOD_CYCLE_TIME": "2"}
+    assert settings.gloo_defaults({"HOROVOD_CONTROLLER": "gloo"}) == {"HOROVOD_CYCLE_TIME": "2"}
+    assert settings.gloo_defaults({**gloo, "HOROVOD_CYCLE_TIME": "1"}) == {}      # the user's value
+    assert settings.gloo_defaults({**gloo, "HOROVOD_AUTOTUNE": "1"}) == {}        # autotune tunes the cycle
+    assert settings.gloo_defaults({**gloo, "HOROVOD_AUTOTUNE": "0"}) == {"HOROVOD_CYCLE_TIME": "2"}
+    assert settings.gloo_defaults({"OMPI_COMM_WORLD_SIZE": "2"}) == {}            # MPI ops: Horovod's default
+    assert settings.gloo_defaults({}) == {}
 
 
 def test_every_config_key_passes_through_horovodrun_untouched(monkeypatch):
@@ -184,7 +184,7 @@ def test_an_elastic_reset_keeps_counting_steps_of_accumulated_micro_batches(one_
     trainer = Trainer(build_model(config, (1, 8, 8), 10), data.train, data.val, config=config)
     before = trainer.steps_per_epoch
     assert before == steps_per_epoch(len(data.train), 1, config.batch_size, accumulate=4)
-    trainer._fit_to_world(dist.world())  # what an elastic reset does after workers join or leave
+    trainer.resize(runtime.world())  # what an elastic reset does after workers join or leave
     assert trainer.steps_per_epoch == before
 
 

@@ -78,10 +78,10 @@ def test_a_list_of_stages_and_errors():
 
 def test_trainer_runs_a_pipeline_in_one_real_worker():
     from hvdtrain.data.datasets import build_data
-    from hvdtrain.distributed import dist
+    from hvdtrain.distributed import runtime
     from hvdtrain.train.trainer import Trainer
 
-    dist.init()
+    runtime.init()
     config = load_config(model="mlp", hidden=32, stages=3, micro_batches=2, max_steps=5, run_dir="", threads=1)
     data = build_data(config)
     trainer = Trainer(build_model(config, (1, 8, 8), 10), data.train, data.val, config=config)

@@ -59,3 +59,21 @@ def test_one_worker_warmup_is_flat_then_cosine_decays(tmp_path, one_worker):
     # One worker: the scaled LR equals the base LR, so warmup is flat, then cosine decay to ~0.
     assert lrs[:44] == [0.05] * 44
     assert all(a >= b for a, b in itertools.pairwise(lrs)) and lrs[-1] < 0.001
+
+
+def test_a_second_fit_reports_the_samples_of_its_own_epochs_per_second(tmp_path, one_worker):
+    """samples/s of a fit() call is that call's samples over that call's wall time: it once divided the
+    whole history's samples by the second call's time (2x here, ~11x after ten epochs)."""
+    from hvdtrain.data.datasets import build_data
+    from hvdtrain.train.trainer import Trainer
+
+    config = load_config(None, ["--dataset", "synthetic", "--synthetic-samples", "320", "--synthetic-shape",
+                                "1,4,4", "--model", "mlp", "--hidden", "8", "--batch-size", "32",
+                                "--run-dir", "", "--threads", "1"])
+    data = build_data(config)
+    trainer = Trainer(build_model(config, (1, 4, 4), 10), data.train, data.val, config=config)
+    for epochs in (1, 2):
+        summary = trainer.fit(epochs).summary
+        assert summary["epochs_run"] == len(trainer.history)
+        samples = summary["samples_per_s"] * summary["wall_time_s"]
+        assert samples == pytest.approx(epochs * len(data.train), rel=1e-9), (epochs, summary)

@@ -5,13 +5,18 @@ Prints one COUNTERS line of JSON per rank; tests/test_counters.py asserts on it 
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-import hvdtrain
-from hvdtrain.data.datasets import build_data
-from hvdtrain.distributed import dist
-from hvdtrain.models.builtin import build_model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/: the instrumentation
+
+from allreduce_count import count_gradient_allreduces  # noqa: E402
+
+import hvdtrain  # noqa: E402
+from hvdtrain.data.datasets import build_data  # noqa: E402
+from hvdtrain.distributed import collectives, runtime  # noqa: E402
+from hvdtrain.models.builtin import build_model  # noqa: E402
 
 STEPS = 3
 ARGS = ["--dataset", "synthetic", "--synthetic-samples", "512", "--synthetic-shape", "1,8,8", "--model", "mlp",
@@ -27,7 +32,7 @@ tensors = sum(1 for _ in model.parameters())
 
 # hvdtrain's own loop, fp32 gradients.
 trainer = hvdtrain.Trainer(model, data.train, data.val, config=config)
-with dist.count_gradient_allreduces() as fp32:
+with count_gradient_allreduces() as fp32:
     trainer.fit()
 steps = trainer.progress.step
 
@@ -40,7 +45,7 @@ optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01
                                      named_parameters=model.named_parameters(),
                                      compression=hvd.Compression.fp16)
 inputs, targets = data.train[:config.batch_size]
-with dist.count_gradient_allreduces() as fp16:
+with count_gradient_allreduces() as fp16:
     for _ in range(STEPS):
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(inputs), targets).backward()
@@ -48,11 +53,11 @@ with dist.count_gradient_allreduces() as fp16:
 
 # The timeline is written by a background thread: one more collective and a pause let it catch up
 # before shutdown, so the last step's events are in the file.
-dist.allreduce_sum(torch.zeros(1), name="flush")
+collectives.allreduce_sum(torch.zeros(1), name="flush")
 time.sleep(2)
-world = dist.world()
+world = runtime.world()
 print("COUNTERS " + json.dumps({
     "rank": world.rank, "size": world.size, "params": params, "tensors": tensors, "steps": steps,
     "fp32_calls": fp32.calls, "fp32_bytes": fp32.bytes, "fp16_steps": STEPS, "fp16_calls": fp16.calls,
     "fp16_bytes": fp16.bytes, "names": sorted(set(fp32.names))}), flush=True)
-dist.shutdown()  # flushes the timeline, when one was asked for
+runtime.shutdown()  # flushes the timeline, when one was asked for

@@ -17,7 +17,7 @@ from plugins.user_models import TinyEncoder, TwoHeads, dict_digits, dict_step, t
 
 import hvdtrain  # noqa: E402
 from hvdtrain.data.datasets import digits  # noqa: E402
-from hvdtrain.distributed import dist  # noqa: E402
+from hvdtrain.distributed import runtime  # noqa: E402
 
 mode, batch, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 max_steps = int(sys.argv[4]) if len(sys.argv) > 4 else 0
@@ -40,7 +40,7 @@ else:
 # 101 samples over 2 ranks is 51 + 50.
 odd = trainer.evaluate(Subset(val, range(101)))
 history = trainer.fit()
-world = dist.world()
+world = runtime.world()
 if world.is_root:
     out.write_text(json.dumps({"history": list(history), "odd": odd, "size": world.size,
                                "digests": history.summary["param_digests"]}))

@@ -8,7 +8,7 @@ import struct
 import sys
 
 from hvdtrain.cli.main import main
-from hvdtrain.distributed import dist
+from hvdtrain.distributed import collectives, runtime
 
 SIOCGIFADDR = 0x8915  # Linux ioctl: the IPv4 address of an interface
 
@@ -19,10 +19,10 @@ def interface_address(name: str) -> str:
     return socket.inet_ntoa(reply[20:24])
 
 
-world = dist.init()
+world = runtime.init()
 me = {"rank": world.rank, "hostname": socket.gethostname(), "address": interface_address(os.environ["WHERE_IFACE"]),
       "netns": os.readlink("/proc/self/ns/net")}
-everyone = dist.allgather_object(me, name="where")  # a real allgather across the hosts
+everyone = collectives.allgather_object(me, name="where")  # a real allgather across the hosts
 if world.is_root:
     with open(os.environ["WHERE_FILE"], "w") as file:
         json.dump(everyone, file)

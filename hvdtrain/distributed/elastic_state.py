@@ -1,0 +1,31 @@
+"""Horovod elastic: the state saved on commit and the retry loop around a training function."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+
+from hvdtrain.distributed.runtime import hvd
+
+
+def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **values: Any) -> Any:
+    """Horovod's TorchState: model, optimizer and plain values saved on commit, restored on failure."""
+    return hvd.elastic.TorchState(model=model, optimizer=optimizer, **values)
+
+
+def run_elastic(fn: Any, while_resetting: Callable[[], AbstractContextManager[Any]] | None = None) -> Any:
+    """Wrap fn(state) so Horovod re-runs it from the last commit after a worker joins or leaves.
+
+    `while_resetting()` is entered around Horovod's re-forming of the world (shutdown, then an init that
+    blocks until the driver has a new world: below --min-np, possibly for ever).
+    """
+    from horovod.common.elastic import run_fn
+
+    def reset() -> None:   # hvd.elastic.run's own reset, watched
+        with while_resetting() if while_resetting else nullcontext():
+            hvd.shutdown()
+            hvd.init()
+
+    return run_fn(fn, reset)

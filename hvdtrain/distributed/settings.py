@@ -1,0 +1,89 @@
+"""Horovod's and Open MPI's settings, as the environment variables hvd.init() reads: pure functions of
+a config or an environment mapping (no Horovod import)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from hvdtrain.config.train_config import TrainConfig
+
+
+def horovod_env(config: TrainConfig) -> dict[str, str]:
+    """Horovod's own settings asked for in `config`, as the environment variables hvd.init() reads.
+
+    Only what differs from Horovod's defaults, so horovodrun's flags (--timeline-filename, ...) still apply
+    when the config says nothing.
+    """
+    env = {}
+    if config.timeline_file:
+        env["HOROVOD_TIMELINE"] = os.path.abspath(config.timeline_file)  # written by rank 0 (the coordinator)
+    if config.autotune:
+        env["HOROVOD_AUTOTUNE"] = "1"
+    if config.stall_check_s == 0:
+        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    elif config.stall_check_s != 60:
+        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(config.stall_check_s)
+    if config.stall_shutdown_s:
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(config.stall_shutdown_s)
+    return env
+
+
+# Open MPI settings hvdtrain sets before MPI_Init (inside hvd.init()), measured in
+# benchmarks/README.md ("Issue #20"): at np=2 on one core per rank, Horovod's background thread
+# (one small collective per 1 ms cycle) busy-polled 50-165 ms of CPU per CNN step, time the other
+# rank's training thread lacked. Gloo jobs ignore them. HVDTRAIN_MPI_DEFAULTS=0 turns them off,
+# =yield keeps only the first.
+# - yield while waiting (Open MPI does this itself only when it sees more ranks than slots); a value
+#   already in the environment wins;
+MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+# - on one host, no OFI (libfabric) BTL: shared memory carries everything there; the OFI BTL's progress
+#   (with epoll_wait syscalls) was most of the polling in a perf profile, and its init deadlocked once
+#   in MPI_Init (a gdb backtrace in benchmarks/results/2026-12-03-f-mpi-defaults). horovodrun --mpi passes
+#   `-mca btl ^openib`, which reaches the ranks as OMPI_MCA_btl=^openib (and beats the launcher's
+#   environment), so an exclusion list is extended; a list of BTLs to use is left alone. Not set
+#   across hosts, where OFI may be the network.
+ONE_HOST_EXCLUDED_BTL = "ofi"
+
+
+def mpi_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """The Open MPI settings hvdtrain adds for a process with environment `env` (mpirun's
+    OMPI_COMM_WORLD_* variables tell whether all ranks share one host).
+
+    Example:
+        >>> mpi_defaults({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_btl": "^openib"})
+        {'OMPI_MCA_mpi_yield_when_idle': '1', 'OMPI_MCA_btl': '^openib,ofi'}
+    """
+    choice = env.get("HVDTRAIN_MPI_DEFAULTS", "1")
+    if choice == "0":
+        return {}
+    wanted = {key: value for key, value in MPI_DEFAULTS.items() if key not in env}
+    size = env.get("OMPI_COMM_WORLD_SIZE")
+    if choice != "yield" and size and size == env.get("OMPI_COMM_WORLD_LOCAL_SIZE"):
+        btl = env.get("OMPI_MCA_btl", "")
+        if not btl:
+            wanted["OMPI_MCA_btl"] = "^" + ONE_HOST_EXCLUDED_BTL
+        elif btl.startswith("^") and ONE_HOST_EXCLUDED_BTL not in btl[1:].split(","):
+            wanted["OMPI_MCA_btl"] = f"{btl},{ONE_HOST_EXCLUDED_BTL}"
+    return wanted
+
+
+# Horovod's cycle time when its ops run over Gloo (horovodrun --gloo, elastic jobs, hvdtrain.launch):
+# every cycle is a coordination round over loopback TCP even when no tensor is waiting, and on one core
+# per rank those wake-ups slow the training thread. At 2 ms instead of Horovod's 1: CNN, ResNet-18 and
+# transformer faster, the MLP level (benchmarks/README.md, "Issue #20 (2026-12-04)"). Not set for MPI
+# ops (slower there at 2 ms, CNN and MLP), with autotune (it tunes the cycle), or over a HOROVOD_CYCLE_TIME of
+# the user's.
+GLOO_CYCLE_TIME_MS = "2"
+
+
+def gloo_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """The Horovod settings hvdtrain adds for a process with environment `env` whose ops run over Gloo.
+
+    Example:
+        >>> gloo_defaults({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1"})
+        {'HOROVOD_CYCLE_TIME': '2'}
+    """
+    over_gloo = "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env or env.get("HOROVOD_CONTROLLER") == "gloo"
+    if not over_gloo or "HOROVOD_CYCLE_TIME" in env or env.get("HOROVOD_AUTOTUNE", "0") not in ("", "0"):
+        return {}
+    return {"HOROVOD_CYCLE_TIME": GLOO_CYCLE_TIME_MS}
