@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from hvdtrain.data.tabular import feature_names, features_of, targets_of
-from hvdtrain.errors import UserError
+from hvdtrain.errors import UserError, first_line
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def row_groups(files: list[str], filesystem: Any = None) -> list[Unit]:
         try:
             meta = open_parquet(file, filesystem).metadata
         except Exception as err:
-            raise UserError(f"cannot read {file} as Parquet: {str(err).splitlines()[0][:160]}") from None
+            raise UserError(f"cannot read {file} as Parquet: {first_line(err, 160)}") from None
         units += [Unit(file, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)
                   if meta.row_group(g).num_rows]
     return units

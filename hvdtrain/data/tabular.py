@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hvdtrain.errors import UserError
+from hvdtrain.errors import UserError, first_line
 
 
 def read_table(path: str) -> Any:
@@ -30,7 +30,7 @@ def read_table(path: str) -> Any:
         return ds.dataset(source, format="parquet").to_table()
     except Exception as err:  # pyarrow's errors: not a CSV / Parquet file, unreadable
         raise UserError(f"cannot read {path} as {'CSV' if source.suffix.lower() == '.csv' else 'Parquet'}: "
-                        f"{str(err).splitlines()[0][:200]}") from None
+                        f"{first_line(err)}") from None
 
 
 def feature_names(schema_names: list[str], features: str, label: str) -> list[str]:

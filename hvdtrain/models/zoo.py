@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hvdtrain.errors import UserError
+from hvdtrain.errors import UserError, first_line
 
 ZOOS = ("torchvision", "timm")
 
@@ -27,11 +27,11 @@ def from_zoo(spec: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Mo
 
             model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=input_shape[0])
     except ImportError as err:
-        raise UserError(f"model {spec} needs {zoo}, which does not import here ({str(err).splitlines()[0][:120]}); "
+        raise UserError(f"model {spec} needs {zoo}, which does not import here ({first_line(err, 120)}); "
                         f"install the {zoo} build that matches your torch, or use --model resnet18 "
                         "(hvdtrain's own)") from None
     except (ValueError, KeyError, RuntimeError) as err:
-        raise UserError(f"{zoo} has no model '{name}' ({str(err).splitlines()[0][:120]})") from None
+        raise UserError(f"{zoo} has no model '{name}' ({first_line(err, 120)})") from None
     if zoo == "torchvision" and input_shape[0] != 3:
         raise UserError(f"torchvision models take 3-channel images; the data has {input_shape[0]} channel(s): "
                         "use timm:NAME (in_chans) or convert the images to RGB")

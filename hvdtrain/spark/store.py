@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from hvdtrain.errors import UserError
+from hvdtrain.errors import UserError, first_line
 
 FOLDER = "hvdtrain-data"
 VAL_FLAG = "__hvdtrain_val"
@@ -65,7 +65,7 @@ def filesystem_of(store: str) -> tuple[Any, str]:
             fs, path = fsspec.core.url_to_fs(url)
             return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
         except Exception:
-            raise UserError(f"cannot open store {store}: {str(arrow_err).splitlines()[0][:160]}; use a local or "
+            raise UserError(f"cannot open store {store}: {first_line(arrow_err, 160)}; use a local or "
                             "shared path, or install the filesystem's package (e.g. s3fs, gcsfs)") from None
 
 
