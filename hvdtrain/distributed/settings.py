@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 
 from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.environment import process
 
 
 def horovod_env(config: TrainConfig) -> dict[str, str]:
@@ -46,19 +47,21 @@ ONE_HOST_EXCLUDED_BTL = "ofi"
 
 
 def mpi_defaults(env: Mapping[str, str]) -> dict[str, str]:
-    """The Open MPI settings hvdtrain adds for a process with environment `env` (mpirun's
-    OMPI_COMM_WORLD_* variables tell whether all ranks share one host).
+    """The Open MPI settings hvdtrain adds for a process with environment `env` (mpirun's world and
+    local sizes tell whether all ranks share one host).
 
     Example:
-        >>> mpi_defaults({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_btl": "^openib"})
+        >>> mpi_defaults({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        ...               "OMPI_MCA_btl": "^openib"})
         {'OMPI_MCA_mpi_yield_when_idle': '1', 'OMPI_MCA_btl': '^openib,ofi'}
     """
     choice = env.get("HVDTRAIN_MPI_DEFAULTS", "1")
     if choice == "0":
         return {}
     wanted = {key: value for key, value in MPI_DEFAULTS.items() if key not in env}
-    size = env.get("OMPI_COMM_WORLD_SIZE")
-    if choice != "yield" and size and size == env.get("OMPI_COMM_WORLD_LOCAL_SIZE"):
+    started = process.from_env(env)
+    one_host = started is not None and started.launcher == "openmpi" and started.size == started.local_size
+    if choice != "yield" and one_host:
         btl = env.get("OMPI_MCA_btl", "")
         if not btl:
             wanted["OMPI_MCA_btl"] = "^" + ONE_HOST_EXCLUDED_BTL

@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 
 from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.environment import process
 from hvdtrain.errors import LaunchError, UserError, WorkerError, is_peer_failure
 
 
@@ -52,7 +53,7 @@ class Guarded:
         try:
             return self.fn(*self.args, **self.kwargs)
         except BaseException as err:  # noqa: B036 - everything must reach the caller, even SystemExit
-            failure = Failure(int(os.environ.get("HOROVOD_RANK", -1)), type(err).__name__, str(err),
+            failure = Failure(process.current().rank, type(err).__name__, str(err),
                               traceback.format_exc(), socket.gethostname(), isinstance(err, UserError))
             # Peers blocked in a collective with this rank fail now instead of waiting for a timeout.
             from hvdtrain.distributed import runtime

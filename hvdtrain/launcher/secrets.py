@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from hvdtrain.environment import process
 from hvdtrain.errors import LaunchError, UserError
 
 SECRETS_FILE_ENV = "HVDTRAIN_SECRETS_FILE"
@@ -113,7 +114,8 @@ def load_secrets_file(environ: dict[str, str] | os._Environ[str] = os.environ) -
 
 def leak_warning(environ: Mapping[str, str], loaded: list[str]) -> str | None:
     """On a Gloo worker under horovodrun: a one-line warning naming credentials that came on its command line."""
-    if environ.get("HOROVOD_CONTROLLER") != "gloo" or "HOROVOD_RANK" not in environ:
+    started = process.from_env(environ)
+    if environ.get("HOROVOD_CONTROLLER") != "gloo" or started is None or started.launcher != "gloo":
         return None  # MPI passes names only (mpirun -x); schedulers set the environment directly
     leaked = sorted(name for name in environ if is_credential(name) and name not in loaded)
     if not leaked:

@@ -8,13 +8,12 @@ redirect everything with `logging.getLogger("hvdtrain")`. Errors go to stderr fr
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any
 
+from hvdtrain.environment import process
+
 LOGGER = logging.getLogger("hvdtrain")
-# Set by horovodrun (Gloo), mpirun and Slurm's srun on every worker: output there goes to a launcher.
-LAUNCHER_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 TAIL_COLUMNS = (("lr", "lr"), ("samples/s", "samples_per_s"), ("step_ms", "step_time_s"),
                 ("time_s", "epoch_time_s"))
 
@@ -36,11 +35,6 @@ if not LOGGER.handlers:
     LOGGER.propagate = False
 
 
-def under_launcher(environ: dict[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return any(name in env for name in LAUNCHER_VARS)
-
-
 def bar_wanted(choice: str, *, tty: bool, notebook: bool, launched: bool) -> bool:
     """progress_bar auto: a bar in a terminal or notebook of the user's own, never under a launcher."""
     if choice in ("on", "off"):
@@ -52,12 +46,13 @@ class Console:
     """What the user reads. Quiet on ranks other than 0 (errors excepted)."""
 
     def __init__(self) -> None:
-        self.rank0 = True
         self.bar: Any = None
         self._notices: set[str] = set()
 
-    def set_rank(self, rank: int) -> None:
-        self.rank0 = rank == 0
+    @property
+    def rank0(self) -> bool:
+        # Asked each time: Horovod's rank once it runs (rank 0 may move after an elastic reset), the launcher's before.
+        return process.is_rank_zero()
 
     def line(self, text: str) -> None:
         if not self.rank0:
@@ -85,7 +80,7 @@ class Console:
     def open_bar(self, choice: str, total: int, initial: int, unit: str = "step") -> None:
         notebook = "ipykernel" in sys.modules
         if not self.rank0 or not bar_wanted(choice, tty=sys.stderr.isatty(), notebook=notebook,
-                                            launched=under_launcher()):
+                                            launched=process.launched()):
             return
         from tqdm.auto import tqdm
 

@@ -69,7 +69,6 @@ class Trainer:
                  config: TrainConfig | None = None) -> None:
         self.config = config = config or TrainConfig()
         world = runtime.init(settings.horovod_env(config))  # Horovod: timeline, autotune, stall check
-        console.set_rank(world.rank)
         torch.set_num_threads(config.threads or threads_per_worker(world.local_size))
         keep_host_memory(config.keep_host_memory)  # a step's tensors reuse the last step's pages
         # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig, load_config
+from hvdtrain.environment import process
 from hvdtrain.errors import ConfigError
-from hvdtrain.output.console import under_launcher
 from hvdtrain.tuning.report import Progress, results_table, say, write_best, write_plots
 from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import Param, check_against, load_space, parse_space
@@ -53,7 +53,7 @@ def tune(space: str | dict[str, Any], trials: int, *, config: TrainConfig | str 
     check_against(params, base)
     if settings.mode == "inprocess":
         return _inprocess(params, base, settings)
-    if under_launcher():
+    if process.launched():
         raise ConfigError("tune: job mode starts a horovodrun job per trial itself: run `hvdtrain tune` without "
                           "horovodrun, or add --mode inprocess to run the trials inside this Horovod job")
     study = open_study(settings)

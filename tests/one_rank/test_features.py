@@ -98,13 +98,13 @@ def test_open_mpi_yields_when_idle_unless_the_user_says_otherwise(monkeypatch, p
 
 def test_mpi_defaults_drop_the_ofi_btl_on_one_host_only():
     yield_ = {"OMPI_MCA_mpi_yield_when_idle": "1"}
-    one_host = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    one_host = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
     assert settings.mpi_defaults(one_host) == {**yield_, "OMPI_MCA_btl": "^ofi"}
     # horovodrun --mpi's own `-mca btl ^openib` arrives as this variable: extended, not replaced
     assert settings.mpi_defaults({**one_host, "OMPI_MCA_btl": "^openib"}) == {**yield_, "OMPI_MCA_btl": "^openib,ofi"}
     assert settings.mpi_defaults({**one_host, "OMPI_MCA_btl": "^openib,ofi"}) == yield_
     assert settings.mpi_defaults({**one_host, "OMPI_MCA_btl": "self,tcp"}) == yield_    # a list to use: kept
-    two_hosts = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    two_hosts = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
     assert settings.mpi_defaults(two_hosts) == yield_
     assert settings.mpi_defaults({}) == yield_                                          # not under mpirun
     assert settings.mpi_defaults({**one_host, "HVDTRAIN_MPI_DEFAULTS": "yield"}) == yield_

@@ -1,0 +1,57 @@
+"""environment.process: which rank am I, and who started me, from each launcher's variables."""
+from __future__ import annotations
+
+import ast
+
+import pytest
+from conftest import ROOT
+
+from hvdtrain.environment import process
+from hvdtrain.environment.process import LAUNCHERS, Process, from_env
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2"},
+     Process(1, 4, 1, 2, "gloo")),
+    # horovodrun --mpi: Open MPI's variables only (the case compress once got wrong: every rank wrote)
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, Process(1, 2, 1, 2, "openmpi")),
+    ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, Process(3, 4, 1, 2, "mpich")),
+    ({"PMIX_RANK": "2"}, Process(2, 3, 2, 3, "pmix")),              # PMIx names no size: at least rank + 1
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x2)"},
+     Process(3, 4, 1, 2, "slurm")),                                 # "2(x2)" is no number: local rank + 1
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}, Process(0, 2, 0, 2, "torchrun")),
+    # mpirun inside a Slurm allocation: the ranks are Open MPI's, not the batch step's
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
+     Process(1, 2, 1, 2, "openmpi")),
+])
+def test_each_launchers_variables_give_rank_size_and_local_layout(env, expected):
+    assert from_env(env) == expected
+
+
+@pytest.mark.parametrize("env", [{}, {"HOROVOD_RANK": ""}, {"OMPI_COMM_WORLD_RANK": "x"}, {"PATH": "/bin"}])
+def test_no_launcher_is_none_and_the_process_is_alone(env):
+    assert from_env(env) is None
+    assert not process.launched(env)
+
+
+def test_horovods_own_answer_wins_once_registered(monkeypatch):
+    monkeypatch.setattr(process, "_HOROVOD", [lambda: Process(5, 8, 1, 4, "horovod")])
+    assert process.current({"OMPI_COMM_WORLD_RANK": "0"}) == Process(5, 8, 1, 4, "horovod")
+    assert not process.is_rank_zero()
+    monkeypatch.setattr(process, "_HOROVOD", [lambda: None])        # registered, not initialised yet
+    assert process.current({"OMPI_COMM_WORLD_RANK": "1"}).rank == 1
+    assert process.current({}) == process.ALONE
+
+
+def test_no_other_module_reads_rank_variables():
+    """One source: a rank variable's name as a string anywhere else in hvdtrain is a second answer that can
+    disagree (as compress's HOROVOD_RANK did under horovodrun --mpi). Docstrings may mention them."""
+    names = {var for launcher in LAUNCHERS for var in launcher[1:]}
+    allowed = {"hvdtrain/environment/process.py",
+               "hvdtrain/cluster/allocations.py"}   # parses allocations (host lists), not this process's rank
+    found = [f"{p.relative_to(ROOT)}:{node.lineno} {node.value}" for p in (ROOT / "hvdtrain").rglob("*.py")
+             if str(p.relative_to(ROOT)) not in allowed
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Constant) and node.value in names]
+    assert not found, found
