@@ -1,9 +1,13 @@
 """The one argument parser of every subcommand: argparse for the subcommand's own flags; what is
-left over are config keys (`--key value`), which the config module checks by name and type."""
+left over are config keys (`--key value`), which the config module checks by name and type.
+
+Each subcommand module has `parser(commands=None)`: called with `hvdtrain`'s subparsers it registers
+itself there (what `hvdtrain --help` lists), called alone it is the parser its `main(args)` uses.
+"""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from hvdtrain.errors import UserError
 
@@ -51,3 +55,21 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return int(text)
+
+
+class Commands(Protocol):
+    """`hvdtrain`'s subparsers, as `ArgumentParser.add_subparsers(parser_class=Parser)` returns them."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> Parser: ...
+
+
+def command_parser(commands: Commands | None, name: str, doc: str | None, *, config: bool = False) -> Parser:
+    """The parser of `hvdtrain NAME`, registered in `commands` when given; `doc` is the module docstring.
+
+    Its first line, "`hvdtrain NAME ...`: what it does.", gives the one-line summary `hvdtrain --help` lists.
+    """
+    text = doc or ""
+    summary = text.split("\n", 1)[0].split("`: ", 1)[-1]
+    if commands is None:
+        return Parser(f"hvdtrain {name}", text, config=config)
+    return commands.add_parser(name, help=summary, description=text, config=config)

@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from hvdtrain.cli.args import Commands, Parser, command_parser
+
 MPIRUN_TIMEOUT_S = 10.0
 FIX = "re-run `make setup` (or scripts/install-horovod --force)"
 
@@ -100,10 +102,12 @@ def report(info: dict[str, Any]) -> str:
     return "\n".join(f"{key:>20}: {value}" for key, value in rows)
 
 
-def main(args: list[str] | None = None) -> int:
-    from hvdtrain.cli.args import Parser
+def parser(commands: Commands | None = None) -> Parser:
+    return command_parser(commands, "doctor", __doc__)
 
-    Parser("hvdtrain doctor", __doc__).parse_args(args or [])
+
+def main(args: list[str] | None = None) -> int:
+    parser().parse_args(args or [])
     info = collect()
     print(report(info))
     problems = diagnose(info)

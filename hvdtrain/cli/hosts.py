@@ -5,48 +5,49 @@ stderr so that `> FILE` captures only what horovodrun reads.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
+from hvdtrain.cli.args import Commands, Parser, command_parser
+from hvdtrain.cli.options import add_options
 from hvdtrain.cluster.allocations import from_env
 from hvdtrain.cluster.hostfile import Host, parse_hostfile, to_h_string, to_hostfile, total_slots
+from hvdtrain.config.fields import option
 from hvdtrain.errors import UserError
 from hvdtrain.output.files import write_text
 
 FORMATS = {"hostfile": to_hostfile, "H": lambda hosts: to_h_string(hosts) + "\n"}
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse prints usage plus an error over two lines; our users get one line and exit 2."""
+@dataclass(frozen=True)
+class HostsOptions:
+    """How `hosts check` and `hosts from-env` write what they found."""
+    format: str = option("hostfile", "hostfile ('host slots=N' lines) or H ('host:N,...' for -H)",
+                         choices=tuple(sorted(FORMATS)))
+    output: str = option("", "write here instead of stdout", flag=("-o", "--output"), metavar="FILE")
 
-    def error(self, message: str) -> NoReturn:
-        raise UserError(f"hosts: {message} (see `hvdtrain hosts --help`)")
 
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hvdtrain hosts", description="Hostfiles for horovodrun.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    check = commands.add_parser("check", help="validate a hostfile and print its normalized form",
-                                description="Validate FILE (comments, blank lines, 'host', 'host slots=N', "
-                                            "'host:N') and print it as horovodrun --hostfile reads it.")
+def parser(commands: Commands | None = None) -> Parser:
+    parser = command_parser(commands, "hosts", __doc__)
+    actions = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    check = actions.add_parser("check", help="validate a hostfile and print its normalized form",
+                               description="Validate FILE (comments, blank lines, 'host', 'host slots=N', "
+                                           "'host:N') and print it as horovodrun --hostfile reads it.")
     check.add_argument("file", metavar="FILE")
-    from_env_cmd = commands.add_parser("from-env", help="hosts of the Slurm / PBS / LSF job we run in",
-                                       description="Build a hostfile or -H string from SLURM_JOB_NODELIST + "
-                                                   "SLURM_TASKS_PER_NODE, PBS_NODEFILE, or LSB_MCPU_HOSTS / "
-                                                   "LSB_HOSTS.")
-    for command in (check, from_env_cmd):
-        command.add_argument("--format", choices=sorted(FORMATS), default="hostfile",
-                             help="hostfile ('host slots=N' lines, default) or H ('host:N,...' for -H)")
-        command.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    from_env_cmd = actions.add_parser("from-env", help="hosts of the Slurm / PBS / LSF job we run in",
+                                      description="Build a hostfile or -H string from SLURM_JOB_NODELIST + "
+                                                  "SLURM_TASKS_PER_NODE, PBS_NODEFILE, or LSB_MCPU_HOSTS / "
+                                                  "LSB_HOSTS.")
+    for action in (check, from_env_cmd):
+        add_options(action, HostsOptions)
     return parser
 
 
 def main(args: list[str]) -> int:
     """Run `hvdtrain hosts ARGS`; raises UserError for bad input (the CLI prints it, exit 2)."""
-    options = build_parser().parse_args(args)
+    options = parser().parse_args(args)
     if options.command == "check":
         hosts = parse_hostfile(_read(options.file))
         origin = options.file

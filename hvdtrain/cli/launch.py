@@ -15,10 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hvdtrain.cli.args import Commands, Parser, command_parser
 from hvdtrain.errors import UserError
-
-USAGE = "usage: hvdtrain launch [--secrets-dir DIR] HOROVODRUN_ARGS... (e.g. -np 2 -H a:1,b:1 python -m hvdtrain)"
-
 
 ELASTIC_FLAGS = ("--min-np", "--host-discovery-script")
 
@@ -28,17 +26,32 @@ def is_elastic(args: list[str]) -> bool:
     return any(arg.split("=", 1)[0] in ELASTIC_FLAGS for arg in args)
 
 
+def parser(commands: Commands | None = None) -> Parser:
+    """For --help only: main reads the command line itself, since argparse would take horovodrun's options
+    (-np, -H, ...) for its own and refuse them."""
+    p = command_parser(commands, "launch", __doc__)
+    p.add_argument("--secrets-dir", metavar="DIR", help="folder of the 0600 credentials file (default: the "
+                   "launching directory)")
+    p.add_argument("horovodrun_args", nargs="...", metavar="HOROVODRUN_ARGS",
+                   help="passed to horovodrun unchanged, e.g. -np 2 -H a:1,b:1 python -m hvdtrain")
+    return p
+
+
 def main(args: list[str]) -> int:
     from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
     from hvdtrain.output.console import console
 
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE + "\n\n" + (__doc__ or "").split("\n\n", 1)[1])
-        return 0 if args else 2
+    if not args:
+        raise UserError("launch: needs horovodrun's arguments, e.g. hvdtrain launch -np 2 -H a:1,b:1 python -m "
+                        "hvdtrain (see `hvdtrain launch --help`)")
+    if args[0] in ("-h", "--help"):
+        parser().print_help()
+        return 0
     secrets_dir = Path.cwd()
     if args[0] == "--secrets-dir":
         if len(args) < 2:
-            raise UserError(f"launch: --secrets-dir needs a folder; {USAGE}")
+            raise UserError("launch: --secrets-dir needs a folder, then horovodrun's arguments "
+                            "(see `hvdtrain launch --help`)")
         secrets_dir, args = Path(args[1]).resolve(), args[2:]
     env, secrets_file, names = worker_env(os.environ, secrets_dir)
     if names:

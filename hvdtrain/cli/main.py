@@ -1,102 +1,58 @@
 """The `hvdtrain` command: `hvdtrain [train] [--config FILE] [--key value ...]`, and one module per other
-subcommand (predict, compress, tune, doctor, hosts, spark, launch). Exit codes: 0 done, 2 a user error (one line),
-1 a crash, 128+N stopped by signal N."""
+subcommand. Exit codes: 0 done, 2 a user error (one line), 1 a crash, 128+N stopped by signal N."""
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Callable
+from types import ModuleType
 
 from hvdtrain.cli.args import Parser
-from hvdtrain.errors import UserError, peer_failure_of
+from hvdtrain.errors import UserError
 
-USAGE = """usage: hvdtrain [train] [--config FILE] [--key value ...]
-       hvdtrain predict --checkpoint FILE --out FILE [--dataset NAME] [--split val|train] [--procs N]
-       hvdtrain compress RUN_DIR --method int8|prune|distill [--out DIR] [--np N] [options]
-       hvdtrain doctor
-       hvdtrain hosts check FILE | from-env [--format hostfile|H] [-o FILE]
-       hvdtrain spark [--num-proc N] [--start-timeout S] [--config FILE] [--key value ...]
-       hvdtrain launch [--secrets-dir DIR] HOROVODRUN_ARGS...   (horovodrun, credentials kept off command lines)
-       hvdtrain tune --space FILE --trials N [--np M] [--parallel K] [--mode job|inprocess] [--dir D] [--key value ...]
-
-Run under horovodrun for several workers, e.g.
-  horovodrun -np 2 -H localhost:2 python -m hvdtrain --model cnn --epochs 5"""
+# Each is hvdtrain/cli/NAME.py with parser(commands=None) and main(args) -> exit code. A module imports
+# heavy things (torch, Horovod, Optuna) inside main, so `--help` and the other subcommands stay fast.
+SUBCOMMANDS = ("train", "predict", "compress", "tune", "doctor", "hosts", "spark", "launch")
 
 
-def train_parser() -> Parser:
-    return Parser("hvdtrain train", USAGE, config=True)
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"hvdtrain.cli.{name}")
 
 
-def train_command(args: list[str]) -> int:
-    from hvdtrain.errors import Stopped
-    from hvdtrain.output.console import console
-    from hvdtrain.train.signals import STOP
-    from hvdtrain.train.trainer import fit
-
-    _, config = train_parser().parse_with_config(args)
-    STOP.install()
-    try:
-        fit(config)  # Horovod shuts itself down at exit
-    except Stopped as stop:
-        console.error(str(stop))
-        return 128 + stop.signum
-    except UserError:
-        raise
-    except Exception as err:
-        return _report_crash(err)
-    return 0
-
-
-def _report_crash(err: Exception) -> int:
-    """A bug or a failure, not a user mistake: the traceback, then one line naming this rank."""
-    import os
-    import traceback
-
-    from hvdtrain.output.console import console
-
-    rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    if peer_failure_of(err):
-        console.error(f"rank {rank} stopped because another rank failed ({err}); see that rank's error")
-    else:
-        traceback.print_exc()
-        console.error(f"error: rank {rank} failed: {type(err).__name__}: {err}")
-    return 1
+def parser() -> Parser:
+    """`hvdtrain --help`: the subcommands, each registered by its own module, then train's config keys."""
+    top = Parser("hvdtrain", "Data-parallel PyTorch training with Horovod. With no COMMAND, `hvdtrain` trains: "
+                 "`hvdtrain --key value` is `hvdtrain train --key value`.", config=True)
+    commands = top.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+    for name in SUBCOMMANDS:
+        _module(name).parser(commands)
+    return top
 
 
 def _take_secrets() -> None:
     """Before any user code: credentials from HVDTRAIN_SECRETS_FILE, and a warning if some came on a command line."""
     import os
 
+    from hvdtrain.environment.process import is_rank_zero
     from hvdtrain.launcher.secrets import leak_warning, load_secrets_file
 
     loaded = load_secrets_file()
     warning = leak_warning(os.environ, loaded)
-    if warning and os.environ.get("HOROVOD_RANK") == "0":  # once per job, not once per worker
+    if warning and is_rank_zero():  # once per job, not once per worker: Horovod is not up yet, the launcher says
         print(f"hvdtrain: {warning}", file=sys.stderr, flush=True)
-
-
-# Each subcommand is hvdtrain/cli/NAME.py with main(args) -> exit code; imported only when used.
-SUBCOMMANDS = ("predict", "compress", "tune", "doctor", "hosts", "spark", "launch")
-
-
-def _subcommand(name: str) -> Callable[[list[str]], int] | None:
-    if name not in SUBCOMMANDS:
-        return None
-    import importlib
-
-    command: Callable[[list[str]], int] = importlib.import_module(f"hvdtrain.cli.{name}").main
-    return command
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         _take_secrets()
-        if args and args[0] == "help":
-            args = ["--help"]
-        command = _subcommand(args[0]) if args else None
-        if command is not None:
-            return command(args[1:])
-        return train_command(args[1:] if args and args[0] == "train" else args)
+        if args[:1] in (["help"], ["-h"], ["--help"]):
+            parser().print_help()
+            return 0
+        # No subcommand is train: its `--key value` pairs cannot go through the subparsers, whose
+        # positional COMMAND would take a config value such as `cnn` for a command name.
+        name = args[0] if args and args[0] in SUBCOMMANDS else "train"
+        command: int = _module(name).main(args[1:] if args and args[0] == name else args)
+        return command
     except UserError as err:
         print(f"hvdtrain: error: {err}", file=sys.stderr, flush=True)
         return 2

@@ -6,43 +6,51 @@ torch.multiprocessing pool on this machine.
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from hvdtrain.cli.args import Parser
+from hvdtrain.cli.args import Commands, Parser, command_parser
+from hvdtrain.cli.options import add_options, values
+from hvdtrain.config.fields import option
 from hvdtrain.config.train_config import TrainConfig, load_config
-from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.errors import UserError
-from hvdtrain.models.builtin import build_model
-from hvdtrain.output.console import console
-from hvdtrain.output.files import atomic_write
-from hvdtrain.train import checkpoint
-from hvdtrain.train.device import threads_per_worker
-from hvdtrain.train.evaluation import interleave, predict_shard
+
+if TYPE_CHECKING:
+    import torch
 
 SPLITS = ("val", "train")
 
 
-def parse_args(args: list[str]) -> argparse.Namespace:
-    parser = Parser("hvdtrain predict", __doc__)
-    parser.add_argument("--checkpoint", required=True,
-                        help="runs/NAME/checkpoints/ckpt-STEP.pt, runs/NAME/model.pt (config.yaml beside it), or a "
-                             "compressed model: runs/NAME-int8/model.pt2 or that run directory")
-    parser.add_argument("--out", required=True, help="output file: .pt (a tensor) or .npy")
-    parser.add_argument("--dataset", default="", help="dataset to predict on (default: the one trained on)")
-    parser.add_argument("--split", default="val", choices=SPLITS, help="which split of the dataset")
-    parser.add_argument("--batch-size", type=int, default=256, help="samples per forward pass")
-    parser.add_argument("--procs", type=int, default=0,
-                        help="a torch.multiprocessing pool of N processes on this machine instead of Horovod")
-    parsed = parser.parse_args(args)
-    if parsed.batch_size <= 0 or parsed.procs < 0:
-        raise UserError("predict: --batch-size must be > 0 and --procs >= 0")
-    if Path(parsed.out).suffix not in (".pt", ".npy"):
-        raise UserError(f"predict: --out {parsed.out} must end in .pt or .npy")
-    return parsed
+@dataclass(frozen=True)
+class PredictOptions:
+    checkpoint: str = option(help="runs/NAME/checkpoints/ckpt-STEP.pt, runs/NAME/model.pt (config.yaml beside it), "
+                                  "or a compressed model: runs/NAME-int8/model.pt2 or that run directory",
+                             metavar="FILE")
+    out: str = option(help="output file: .pt (a tensor) or .npy", metavar="FILE")
+    dataset: str = option("", "dataset to predict on; '' = the one trained on", metavar="NAME")
+    split: str = option("val", "which split of the dataset", choices=SPLITS)
+    batch_size: int = option(256, "samples per forward pass")
+    procs: int = option(0, "a torch.multiprocessing pool of N processes on this machine instead of Horovod; "
+                           "0 = Horovod's ranks")
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0:
+            raise UserError(f"predict: --batch-size must be > 0, got {self.batch_size}")
+        if self.procs < 0:
+            raise UserError(f"predict: --procs must be >= 0 (0 = Horovod's ranks), got {self.procs}")
+        if Path(self.out).suffix not in (".pt", ".npy"):
+            raise UserError(f"predict: --out {self.out} must end in .pt or .npy")
+
+
+def parser(commands: Commands | None = None) -> Parser:
+    p = command_parser(commands, "predict", __doc__)
+    add_options(p, PredictOptions)
+    return p
+
+
+def parse_args(args: list[str]) -> PredictOptions:
+    return PredictOptions(**values(parser().parse_args(args), PredictOptions))
 
 
 def load_trained(path: str) -> tuple[dict[str, torch.Tensor] | Path, TrainConfig]:
@@ -51,26 +59,26 @@ def load_trained(path: str) -> tuple[dict[str, torch.Tensor] | Path, TrainConfig
     A compressed model (`hvdtrain compress`) is a torch.export program, model.pt2, given as the file or its
     run directory: then the first value is its path, loaded by each process that predicts.
     """
+    from hvdtrain.train import finished_run
+
     file = Path(path)
-    if file.is_dir():
-        file = file / "model.pt2" if (file / "model.pt2").is_file() else file / "model.pt"
-        path = str(file)
+    if file.is_dir() and (file / "model.pt2").is_file():
+        file = file / "model.pt2"
     if file.suffix == ".pt2" and file.is_file():
-        if not (file.parent / "config.yaml").is_file():
-            raise UserError(f"{file} has no config.yaml beside it to name the dataset")
-        return file, load_config(str(file.parent / "config.yaml"))
-    weights, saved_config = checkpoint.read_weights(Path(path))
-    if saved_config is not None:
-        return weights, load_config(**saved_config)
-    config_file = Path(path).parent / "config.yaml"
-    if not config_file.is_file():
-        raise UserError(f"{path} holds weights only and there is no {config_file} to rebuild the model from")
-    return weights, load_config(str(config_file))
+        return file, finished_run.read_config(file.parent)
+    state, config, _ = finished_run.read_trained(file)
+    return state, config
 
 
 def predict_split(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, rank: int, size: int,
                   batch_size: int) -> torch.Tensor:
     """Outputs for samples rank, rank+size, ... of the split (a pure function of its arguments)."""
+    import torch
+
+    from hvdtrain.data.datasets import build_data
+    from hvdtrain.train import finished_run
+    from hvdtrain.train.evaluation import predict_shard
+
     data = build_data(config)
     dataset = data.train if split == "train" else data.val
     model: torch.nn.Module
@@ -79,13 +87,13 @@ def predict_split(state: dict[str, torch.Tensor] | Path, config: TrainConfig, sp
 
         model = load_exported(state)
     else:
-        torch.manual_seed(config.seed)
-        model = build_model(config, input_shape(dataset), data.num_classes)
-        model.load_state_dict(state)
+        model = finished_run.rebuild(config, state, data)
     return predict_shard(model, dataset, rank, size, batch_size, torch.device("cpu"))
 
 
 def _pool_worker(job: tuple[Any, ...]) -> Any:
+    import torch
+
     state, config, split, rank, size, batch_size, threads = job
     torch.set_num_threads(threads)
     return predict_split(state, config, split, rank, size, batch_size).numpy()
@@ -93,7 +101,11 @@ def _pool_worker(job: tuple[Any, ...]) -> Any:
 
 def _pool_predict(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, procs: int,
                   batch_size: int) -> torch.Tensor:
+    import torch
     import torch.multiprocessing as mp
+
+    from hvdtrain.train.device import threads_per_worker
+    from hvdtrain.train.evaluation import interleave
 
     jobs = [(state, config, split, rank, procs, batch_size, threads_per_worker(procs)) for rank in range(procs)]
     # spawn: a clean interpreter per process, safe whatever this one has initialised.
@@ -103,6 +115,10 @@ def _pool_predict(state: dict[str, torch.Tensor] | Path, config: TrainConfig, sp
 
 
 def _write(outputs: torch.Tensor, out: str) -> None:
+    import torch
+
+    from hvdtrain.output.files import atomic_write
+
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".npy":
@@ -114,6 +130,9 @@ def _write(outputs: torch.Tensor, out: str) -> None:
 
 
 def main(args: list[str]) -> int:
+    from hvdtrain.output.console import console
+    from hvdtrain.train.evaluation import interleave
+
     opts = parse_args(args)
     state, config = load_trained(opts.checkpoint)
     if opts.dataset:
@@ -126,7 +145,6 @@ def main(args: list[str]) -> int:
     from hvdtrain.distributed import dist
 
     world = dist.init()
-    console.set_rank(world.rank)
     local = predict_split(state, config, opts.split, world.rank, world.size, opts.batch_size)
     # Horovod: shards differ in length (1001 over 3 ranks), so gather them as objects.
     shards = dist.allgather_object(local, name="predict_cli")

@@ -4,7 +4,29 @@ spark-submit takes a file, not a module: hvdtrain/cli/entry/spark_submit.py runs
 """
 from __future__ import annotations
 
-from hvdtrain.cli.args import Parser, positive_int
+from dataclasses import dataclass
+
+from hvdtrain.cli.args import Commands, Parser, command_parser
+from hvdtrain.cli.options import add_options, values
+from hvdtrain.config.fields import option
+from hvdtrain.errors import UserError
+
+
+@dataclass(frozen=True)
+class SparkOptions:
+    num_proc: int = option(2, "Horovod workers (Spark tasks)")
+    start_timeout: int = option(120, "seconds for all tasks to start")
+
+    def __post_init__(self) -> None:
+        for key in ("num_proc", "start_timeout"):
+            if getattr(self, key) < 1:
+                raise UserError(f"spark: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
+
+
+def parser(commands: Commands | None = None) -> Parser:
+    p = command_parser(commands, "spark", __doc__, config=True)
+    add_options(p, SparkOptions)
+    return p
 
 
 def main(args: list[str]) -> int:
@@ -13,11 +35,8 @@ def main(args: list[str]) -> int:
     from hvdtrain.output.console import console
     from hvdtrain.spark.runner import fit
 
-    parser = Parser("hvdtrain spark", __doc__, config=True)
-    parser.add_argument("--num-proc", type=positive_int, default=2, help="Horovod workers (Spark tasks)")
-    parser.add_argument("--start-timeout", type=positive_int, default=120,
-                        help="seconds for all tasks to start")
-    options, config = parser.parse_with_config(args)  # bad keys fail here, before Spark starts
+    parsed, config = parser().parse_with_config(args)  # bad keys fail here, before Spark starts
+    options = SparkOptions(**values(parsed, SparkOptions))
     try:
         history = fit(config, num_proc=options.num_proc, start_timeout=options.start_timeout)
     except WorkerError as err:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hvdtrain.config.fields import option
 from hvdtrain.errors import UserError
 
 METHODS = ("int8", "prune", "distill")
@@ -15,24 +16,27 @@ MODES = ("auto", "dynamic", "weight-only", "static")  # int8 modes; auto picks s
 
 @dataclass(frozen=True)
 class CompressOptions:
-    """How to compress; every field has a `--dashed-name` flag in `hvdtrain compress`."""
-    method: str = "int8"              # int8, prune or distill; several, comma-separated, compare side by side
-    out: str = ""                     # new run directory; '' = RUN_DIR-METHOD (RUN_DIR-compressed for several)
-    int8_mode: str = "auto"           # auto (static PT2E for conv models, else dynamic), dynamic, weight-only, static
-    calibration: int = 256            # training samples that calibrate static int8
-    sparsity: float = 0.5             # prune: share of each hidden layer's channels/neurons removed
-    epochs: int = 0                   # prune: fine-tune epochs (0 = 3); distill: student epochs (0 = the source's)
-    lr: float = 0.0                   # prune/distill: base LR for one worker; 0 = the source run's
-    student: str = "mlp"              # distill: built-in (mlp, cnn) or plug-in 'module:function' model
-    student_hidden: int = 64          # distill: the student's `hidden` width
-    temperature: float = 4.0          # distill: softens teacher and student outputs
-    alpha: float = 0.5                # distill: weight of the teacher's soft targets; 1 - alpha on the labels
-    baseline: bool = True             # distill: also train the student without the teacher, same budget
-    threads: int = 1                  # torch threads while timing latency
-    repeats: int = 30                 # timed forward passes per model and batch size (the median is reported)
-    batch_sizes: tuple[int, ...] = (1, 64)  # latency batch sizes
-    compiled: bool = False            # also time each model after torch.compile (inductor; slow to compile)
-    verbose: bool = True              # rank 0 prints progress and the table
+    """How to compress; every field but `verbose` is a flag of `hvdtrain compress` (generated from these)."""
+    method: str = option("int8", "int8, prune or distill; several, comma-separated (e.g. int8,prune), are "
+                                 "compared side by side")
+    out: str = option("", "new run directory; '' = RUN_DIR-METHOD (RUN_DIR-compressed for several methods)")
+    int8_mode: str = option("auto", "auto (static PT2E for models with Conv2d, else dynamic), dynamic, weight-only "
+                                    "or static", choices=MODES)
+    calibration: int = option(256, "training samples that calibrate static int8")
+    sparsity: float = option(0.5, "prune: share of each hidden layer's channels/neurons removed")
+    epochs: int = option(0, "prune: fine-tune epochs (0 = 3); distill: student epochs (0 = the source run's)")
+    lr: float = option(0.0, "prune/distill: base LR for one worker; 0 = the source run's")
+    student: str = option("mlp", "distill: built-in (mlp, cnn) or plug-in 'module:function' model")
+    student_hidden: int = option(64, "distill: the student's `hidden` width")
+    temperature: float = option(4.0, "distill: softens teacher and student outputs")
+    alpha: float = option(0.5, "distill: weight of the teacher's soft targets; 1 - alpha on the labels")
+    baseline: bool = option(True, "distill: also train the student without the teacher, same budget, to compare")
+    threads: int = option(1, "torch threads while timing latency")
+    repeats: int = option(30, "timed forward passes per model and batch size (the median is reported)")
+    batch_sizes: tuple[int, ...] = option((1, 64), "latency batch sizes, comma-separated")
+    compiled: bool = option(False, "also time each model after torch.compile (inductor): int8's fused kernels; "
+                                   "slow to compile", flag="--compile")
+    verbose: bool = option(True, "rank 0 prints progress and the table (the Python API's switch)")
 
     def __post_init__(self) -> None:
         for method in self.methods:

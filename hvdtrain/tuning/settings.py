@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hvdtrain.config.fields import option
 from hvdtrain.errors import ConfigError
 
 MODES = ("job", "inprocess")
@@ -15,28 +16,33 @@ BACKENDS = ("gloo", "mpi")
 
 @dataclass(frozen=True)
 class TuneSettings:
-    trials: int                  # finished trials (complete or pruned) the study should hold in all
-    dir: str = "tune"            # study journal, trial run dirs, best.yaml, plots
-    mode: str = "job"            # job: a horovodrun job per trial; inprocess: trials inside this Horovod job
-    np: int = 2                  # job mode: workers per trial
-    parallel: int = 1            # job mode: trials running at once (np x parallel processes on this host)
-    hosts: str = ""              # job mode: horovodrun -H; default localhost:<np>
-    backend: str = "gloo"        # job mode: horovodrun --gloo or --mpi
-    metric: str = "val_acc"      # held-out metric to optimise, reported after every epoch
-    sampler: str = "tpe"
-    pruner: str = "median"
-    startup_trials: int = 2      # pruner: complete trials before any trial is pruned
-    warmup_epochs: int = 0       # pruner: epochs a trial always runs before it can be pruned
-    seed: int = 0                # the sampler's seed (each trial's training seed comes from the config)
-    study: str = "hvdtrain"      # study name inside the journal
-    max_failures: int = 0        # stop after this many failed trials in one invocation; 0 = same as trials
-    grace_s: float = 60.0        # job mode: after SIGTERM, seconds before a trial's job is killed
+    """How a study runs; every field is a flag of `hvdtrain tune` (hvdtrain/cli/options.py generates them)."""
+    trials: int = option(help="finished trials (complete or pruned) the study should hold in all")
+    dir: str = option("tune", "study folder: journal, trial run dirs, best.yaml, plots")
+    mode: str = option("job", "job: a horovodrun job per trial; inprocess: trials inside this Horovod job",
+                       choices=MODES)
+    np: int = option(2, "job mode: workers per trial")
+    parallel: int = option(1, "job mode: trials running at once (np x parallel processes on this host)")
+    hosts: str = option("", "job mode: horovodrun -H; '' = localhost:NP")
+    backend: str = option("gloo", "job mode: horovodrun --gloo or --mpi", choices=BACKENDS)
+    metric: str = option("val_acc", "held-out metric to optimise, reported after every epoch", choices=tuple(METRICS))
+    sampler: str = option("tpe", "Optuna sampler", choices=SAMPLERS)
+    pruner: str = option("median", "Optuna pruner; none = every trial runs all its epochs", choices=PRUNERS)
+    startup_trials: int = option(2, "pruner: complete trials before any trial is pruned", flag="--pruner-startup",
+                                 metavar="N")
+    warmup_epochs: int = option(0, "pruner: epochs a trial always runs before it can be pruned",
+                                flag="--pruner-warmup", metavar="EPOCHS")
+    seed: int = option(0, "the sampler's seed (--seed is each trial's training seed, a config key)",
+                       flag="--sampler-seed")
+    study: str = option("hvdtrain", "study name inside the journal")
+    max_failures: int = option(0, "stop after this many failed trials in one invocation; 0 = same as trials")
+    grace_s: float = option(60.0, "job mode: after SIGTERM, seconds before a trial's job is killed")
 
     def __post_init__(self) -> None:
         for key in ("trials", "np", "parallel"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"tune: {key} must be >= 1, got {getattr(self, key)}")
-        for key in ("startup_trials", "warmup_epochs", "max_failures"):
+        for key in ("startup_trials", "warmup_epochs", "max_failures", "grace_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"tune: {key} must be >= 0, got {getattr(self, key)}")
         for key, choices in (("mode", MODES), ("metric", tuple(METRICS)), ("sampler", SAMPLERS),

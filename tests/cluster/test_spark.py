@@ -45,10 +45,9 @@ def test_spark_config_makes_run_dir_absolute_and_threads_the_task_cpus(tmp_path,
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--num-proc", "0"], "spark: argument --num-proc: must be a positive integer, got '0' "
-                          "(see `hvdtrain spark --help`)"),
+    (["--num-proc", "0"], "spark: --num-proc must be >= 1, got 0"),
     (["--num-proc"], "spark: argument --num-proc: expected one argument (see `hvdtrain spark --help`)"),
-    (["--start-timeout=soon"], "spark: argument --start-timeout: must be a positive integer, got 'soon' "
+    (["--start-timeout=soon"], "spark: argument --start-timeout: must be an integer, got 'soon' "
                                "(see `hvdtrain spark --help`)"),
     (["--epochz", "3"], "unknown config key 'epochz' (did you mean 'epochs'?)"),
 ])

@@ -150,7 +150,7 @@ def tune_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     ("lrr: {type: float, low: 0.1, high: 1}\n", [], "unknown config key 'lrr' (did you mean 'lr'?)"),
     ("lr: {type: float, low: 1, high: 0.1}\n", [], "empty range: low 1 must be below high 0.1"),
     ("lr: {type: loguniform, low: 0.1, high: 1}\n", [], "unknown distribution type 'loguniform'"),
-    ("lr: {type: float, low: 0.01, high: 1}\n", ["--trials", "0"], "must be a positive integer, got '0'"),
+    ("lr: {type: float, low: 0.01, high: 1}\n", ["--trials", "0"], "tune: trials must be >= 1, got 0"),
     ("lr: {type: float, low: 0.01, high: 1}\n", ["--epochz", "2"], "unknown config key 'epochz'"),
     ("lr: [0.1\n", [], "YAML syntax error"),
 ])

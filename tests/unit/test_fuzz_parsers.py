@@ -25,7 +25,7 @@ from conftest import ROOT
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hvdtrain.cli.main import train_parser
+from hvdtrain.cli.train import parser as train_parser
 from hvdtrain.cluster.allocations import from_env
 from hvdtrain.cluster.hostfile import HOST_NAME, Host, parse_hostfile
 from hvdtrain.config.train_config import FIELD_TYPES, TrainConfig, load_config

@@ -303,7 +303,7 @@ def test_check_mistakes_exit_2_in_one_line_and_keep_the_old_output(tmp_path, tex
     (["check", "."], "hostfile . cannot be read: Is a directory"),
     (["check", "binary"], "hostfile binary is not a text file"),
     (["check", "ok.txt", "-o", "no/such/dir/hostfile"], "cannot write no/such/dir/hostfile: No such file"),
-    (["check"], "hosts: the following arguments are required: FILE"),
+    (["check"], "hosts check: the following arguments are required: FILE"),
     (["check", "ok.txt", "--format", "yaml"], "argument --format: invalid choice: 'yaml'"),
     (["frob"], "hosts: argument command: invalid choice: 'frob'"),
     ([], "hosts: the following arguments are required: command"),

@@ -1,0 +1,49 @@
+"""`hvdtrain [train] [--config FILE] [--key value ...]`: train a model; the default when no subcommand is named.
+
+Run under horovodrun for several workers, e.g.
+  horovodrun -np 2 -H localhost:2 python -m hvdtrain --model cnn --epochs 5
+"""
+from __future__ import annotations
+
+from hvdtrain.cli.args import Commands, Parser, command_parser
+from hvdtrain.errors import UserError, peer_failure_of
+
+
+def parser(commands: Commands | None = None) -> Parser:
+    return command_parser(commands, "train", __doc__, config=True)
+
+
+def main(args: list[str]) -> int:
+    from hvdtrain.errors import Stopped
+    from hvdtrain.output.console import console
+    from hvdtrain.train.signals import STOP
+    from hvdtrain.train.trainer import fit
+
+    _, config = parser().parse_with_config(args)
+    STOP.install()
+    try:
+        fit(config)  # Horovod shuts itself down at exit
+    except Stopped as stop:
+        console.error(str(stop))
+        return 128 + stop.signum
+    except UserError:
+        raise
+    except Exception as err:
+        return report_crash(err)
+    return 0
+
+
+def report_crash(err: Exception) -> int:
+    """A bug or a failure, not a user mistake: the traceback, then one line naming this rank."""
+    import traceback
+
+    from hvdtrain.environment.process import current
+    from hvdtrain.output.console import console
+
+    rank = current().rank  # Horovod's own rank when it got that far, else the launcher's
+    if peer_failure_of(err):
+        console.error(f"rank {rank} stopped because another rank failed ({err}); see that rank's error")
+    else:
+        traceback.print_exc()
+        console.error(f"error: rank {rank} failed: {type(err).__name__}: {err}")
+    return 1
