@@ -7,6 +7,7 @@ evaluation reports accuracy as usual.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,13 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from hvdtrain.errors import UserError
+from hvdtrain.compression import measure
+from hvdtrain.compression.options import CompressOptions
+from hvdtrain.compression.outcome import Outcome, follow_up_config, say
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.errors import UserError, first_line
+from hvdtrain.models.builtin import build_model
+from hvdtrain.train.finished_run import FinishedRun
 from hvdtrain.train.metrics import TopK
 
 
@@ -86,11 +93,54 @@ def check_student(student: nn.Module, sample: torch.Tensor, num_classes: int, na
         with torch.no_grad():
             out = student.eval()(sample[None])
     except Exception as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
         raise UserError(f"student {name} does not fit the data: inputs of shape {tuple(sample.shape)} fail in its "
-                        f"forward ({type(err).__name__}: {first})") from None
+                        f"forward ({type(err).__name__}: {first_line(err, 160)})") from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, num_classes):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise UserError(f"student {name} does not fit the data: it returns {shape} for one sample, expected "
                         f"(1, {num_classes}) (one logit per class)")
     student.train()
+
+
+def student(run: FinishedRun, opts: CompressOptions) -> tuple[nn.Module, TrainConfig]:
+    """The student and its training config, built with the seed of the run and checked against the data
+    before anything trains or is written."""
+    config = follow_up_config(run.config, model=opts.student, hidden=opts.student_hidden,
+                              epochs=opts.epochs or run.config.epochs, lr=opts.lr or run.config.lr)
+    torch.manual_seed(config.seed)
+    try:
+        model = build_model(config, run.input_shape, run.data.num_classes)
+    except UserError as err:  # a plug-in that cannot be imported, a cnn for flat inputs, ...
+        raise UserError(f"student {opts.student}: {err}") from None
+    except Exception as err:
+        raise UserError(f"student {opts.student} cannot be built for inputs {run.input_shape}: "
+                        f"{type(err).__name__}: {first_line(err, 160)}") from None
+    check_student(model, run.data.train[0][0], run.data.num_classes, opts.student)
+    return model, config
+
+
+def compress(run: FinishedRun, opts: CompressOptions, model: nn.Module, config: TrainConfig) -> Outcome:
+    """Train `model` (from `student`) on the teacher's soft targets with the normal Trainer on every Horovod
+    worker; with opts.baseline, the same student from the same weights without the teacher too."""
+    from hvdtrain.train.trainer import Trainer  # Horovod only once a method trains
+
+    initial = copy.deepcopy(model.state_dict())  # the baseline starts from the same weights
+    targets = soft_targets(run.model, run.data.train)
+    loss = DistillLoss(opts.temperature, opts.alpha)
+    say(opts, f"distilling into {opts.student} (hidden {opts.student_hidden}, "
+              f"{measure.count_params(model):,} parameters) for {config.epochs} epoch(s)")
+    # The teacher's logits ride in the targets, so the Trainer's own accuracy would not recognise the labels.
+    distilled = Trainer(model, targets, run.data.val, loss_fn=loss, metrics=[LabelAccuracy()], config=config).fit()
+    details: dict[str, Any] = {
+        "student": opts.student, "student_hidden": opts.student_hidden, "temperature": opts.temperature,
+        "alpha": opts.alpha, "epochs": config.epochs, "lr": config.lr, "workers": distilled.summary.get("workers"),
+        "distilled_val_acc": [r.get("val_acc") for r in distilled]}
+    outcome = Outcome("student (distilled)", model.eval(), config, details)
+    if opts.baseline:
+        say(opts, "training the same student without the teacher (same epochs, LR, seed)")
+        plain = copy.deepcopy(model)
+        plain.load_state_dict(initial)
+        baseline = Trainer(plain, run.data.train, run.data.val, config=config).fit()
+        details["baseline_val_acc"] = [r.get("val_acc") for r in baseline]
+        outcome.extra.append(("student (no teacher)", plain.eval()))
+    return outcome

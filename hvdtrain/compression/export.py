@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hvdtrain.errors import UserError
+from hvdtrain.errors import UserError, first_line
 from hvdtrain.output.files import atomic_write
 
 # Any batch size from 1 up: the exported graph keeps the batch dimension symbolic.
@@ -118,8 +118,7 @@ def load_exported(path: str | Path) -> ExportedModel:
     try:
         graph = torch.export.load(str(path)).module()
     except Exception as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(f"cannot load exported model {path}: {first[:200]}") from None
+        raise UserError(f"cannot load exported model {path}: {first_line(err)}") from None
     return ExportedModel(graph)
 
 

@@ -12,12 +12,34 @@ from typing import Any
 import torch
 from torch import nn
 
+from hvdtrain.compression import measure
+from hvdtrain.compression.options import CompressOptions
+from hvdtrain.compression.outcome import Outcome, follow_up_config, say
 from hvdtrain.errors import UserError
+from hvdtrain.train.finished_run import FinishedRun
 
 # Layers that keep a channel's identity (they act per channel or per element).
 _PASS_THROUGH = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Dropout, nn.Identity,
                  nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
 _BATCH_NORM = (nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+def compress(run: FinishedRun, opts: CompressOptions) -> Outcome:
+    """Prune the run's model, then fine-tune it with the normal Trainer on every Horovod worker."""
+    from hvdtrain.train.trainer import Trainer  # Horovod only once a method trains
+
+    pruned, lines = prune_channels(run.model, opts.sparsity)
+    before = measure.accuracy(pruned, run.data.val)
+    epochs = opts.epochs or 3
+    config = follow_up_config(run.config, epochs=epochs, lr=opts.lr or run.config.lr, warmup_epochs=0)
+    say(opts, f"pruned {', '.join(lines)}; held-out accuracy before fine-tuning {before:.4f}; "
+              f"fine-tuning {epochs} epoch(s)")
+    history = Trainer(pruned, run.data.train, run.data.val, config=config).fit()
+    details = {"sparsity": opts.sparsity, "pruned_layers": lines, "val_acc_before_finetune": before,
+               "finetune": {"epochs": epochs, "lr": config.lr, "workers": history.summary.get("workers"),
+                            "val_acc": [r.get("val_acc") for r in history],
+                            "wall_time_s": history.summary.get("wall_time_s")}}
+    return Outcome(f"pruned {opts.sparsity:.0%}", pruned.eval(), run.config, details)
 
 
 def check_prunable(model: nn.Module) -> None:

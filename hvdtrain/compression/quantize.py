@@ -14,8 +14,11 @@ import torch
 from torch import nn
 
 from hvdtrain.compression.export import export_program, quiet_torchao
-from hvdtrain.compression.options import MODES
-from hvdtrain.errors import UserError
+from hvdtrain.compression.options import MODES, CompressOptions
+from hvdtrain.compression.outcome import Outcome, say
+from hvdtrain.data.datasets import Data
+from hvdtrain.errors import UserError, first_line
+from hvdtrain.train.finished_run import FinishedRun
 
 
 @dataclass
@@ -34,6 +37,20 @@ def _torchao() -> Any:
     except ImportError as err:
         raise UserError(f"int8 needs torchao ({err}); pip install 'hvdtrain[compress]' (torchao==0.18.0)") from None
     return tq
+
+
+def compress(run: FinishedRun, opts: CompressOptions) -> Outcome:
+    """int8 of the run's model, for the report (no training: rank 0 alone runs it)."""
+    count = min(opts.calibration, len(run.data.train))
+    quantized = quantize_int8(run.model, opts.int8_mode, _calibration(run.data, count))
+    say(opts, f"int8 {quantized.mode}: {len(quantized.int8_layers)} layer(s) in int8")
+    details = {"int8_mode": quantized.mode, "asked_mode": opts.int8_mode, "int8_layers": quantized.int8_layers,
+               "calibration_samples": count if quantized.mode == "static" else 0}
+    return Outcome(f"int8 ({quantized.mode})", quantized.model, run.config, details, quantized.notes)
+
+
+def _calibration(data: Data, count: int) -> torch.Tensor:
+    return torch.stack([data.train[i][0] for i in range(count)])
 
 
 def quantize_int8(model: nn.Module, mode: str, calibration: torch.Tensor) -> Quantized:
@@ -60,9 +77,8 @@ def quantize_int8(model: nn.Module, mode: str, calibration: torch.Tensor) -> Qua
         try:
             return _static(model, calibration)
         except Exception as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             result = _dynamic(model, "dynamic")
-            result.notes.insert(0, f"static PT2E int8 failed ({type(err).__name__}: {first}); fell back to "
+            result.notes.insert(0, f"static PT2E int8 failed ({type(err).__name__}: {first_line(err)}); fell back to "
                                    "dynamic int8 for Linear layers")
             return result
     return _dynamic(model, mode)
@@ -79,7 +95,7 @@ def _dynamic(model: nn.Module, mode: str) -> Quantized:
                 result.int8_layers.append(name)
             except Exception as err:
                 result.notes.append(f"layer {name} ({module.in_features}->{module.out_features}) stays float32: "
-                                    f"{type(err).__name__}: {str(err)[:120]}")
+                                    f"{type(err).__name__}: {first_line(err, 120)}")
     convs = [name for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
     if convs:
         result.notes.append(f"Conv2d layers {', '.join(convs)} stay float32: {mode} int8 covers nn.Linear only "

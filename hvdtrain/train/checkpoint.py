@@ -100,12 +100,15 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | 
     Returns:
         (state_dict, the checkpoint's config as a dict, or None for a plain state dict).
     """
-    payload = _torch_load(path, "checkpoint")
+    payload = _torch_load(path, "checkpoint")  # once: a checkpoint can be as large as the model and optimizer
     if isinstance(payload, dict) and "format" in payload:
-        checked = load(path)
-        if not isinstance(checked.get("model"), dict) or not isinstance(checked.get("config"), dict):
+        if payload["format"] != FORMAT:  # the same words as load()
+            found = payload["format"][:80] if isinstance(payload["format"], str) else None
+            why = f"format {found!r}, this hvdtrain reads {FORMAT}" if found else f"no '{FORMAT}' marker"
+            raise UserError(f"{path} is not an hvdtrain checkpoint ({why})")
+        if not isinstance(payload.get("model"), dict) or not isinstance(payload.get("config"), dict):
             raise UserError(f"{path} is an hvdtrain checkpoint without a model and its config (a damaged file?)")
-        return checked["model"], checked["config"]
+        return payload["model"], payload["config"]
     if not (isinstance(payload, dict) and payload and all(isinstance(v, torch.Tensor) for v in payload.values())):
         raise UserError(f"{path} holds neither an hvdtrain checkpoint nor a model's state dict")
     return payload, None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.config.train_config import load_config, to_yaml
+from hvdtrain.config.train_config import to_yaml
 from hvdtrain.output.console import console
 from hvdtrain.output.files import write_text
 from hvdtrain.tuning.settings import TuneSettings
@@ -115,9 +115,10 @@ def write_best(study: Any, settings: TuneSettings, run_dir: str) -> Path | None:
     complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     if not complete:
         return None
+    from hvdtrain.train import finished_run
+
     best = study.best_trial
-    source = Path(best.user_attrs["run_dir"]) / "config.yaml"
-    config = load_config(str(source), run_dir=run_dir, name="", resume="")
+    config = finished_run.read_config(best.user_attrs["run_dir"], run_dir=run_dir, name="", resume="")
     workers = best.user_attrs.get("world_size", 1)
     header = (f"# hvdtrain tune: best of study '{settings.study}' in {settings.dir} (trial {best.number}, "
               f"{len(complete)} complete): {settings.metric} {best.value:.4f}\n"

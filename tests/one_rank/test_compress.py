@@ -16,7 +16,6 @@ from conftest import ROOT, show
 from torch import nn
 
 import hvdtrain
-from hvdtrain.compression.api import load_source
 from hvdtrain.compression.distill import DistillLoss
 from hvdtrain.compression.export import load_exported
 from hvdtrain.compression.measure import count_params
@@ -25,6 +24,7 @@ from hvdtrain.compression.quantize import quantize_int8
 from hvdtrain.compression.report import table as report_table
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
+from hvdtrain.train import finished_run
 
 PLUGINS = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"),
                                                        os.environ.get("PYTHONPATH")]))}
@@ -63,7 +63,7 @@ def check_report(report: dict, out: Path, source) -> None:
 
 
 def test_int8_mlp_is_2x_smaller_as_accurate_and_its_export_matches(runs, tmp_path):
-    source = load_source(runs / "mlp")
+    source = finished_run.read(runs / "mlp")
     out = tmp_path / "mlp-int8"
     report = hvdtrain.compress(runs / "mlp", "int8", out=str(out), **FAST)
     check_report(report, out, source)
@@ -93,7 +93,7 @@ def test_int8_mlp_is_2x_smaller_as_accurate_and_its_export_matches(runs, tmp_pat
 
 
 def test_cnn_static_int8_and_pruning_side_by_side_and_predict_takes_them(runs, tmp_path):
-    source = load_source(runs / "cnn")
+    source = finished_run.read(runs / "cnn")
     out = tmp_path / "cnn"
     report = hvdtrain.compress(runs / "cnn", "int8,prune", out=str(out), calibration=128, sparsity=0.5, **FAST)
     assert [row["name"] for row in report["models"]] == ["original", "int8 (static)", "pruned 50%"]
@@ -238,3 +238,32 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(runs, tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("hvdtrain: error: ") and message in lines[0], show(proc)
     assert sorted(p.name for p in tmp_path.iterdir()) == before and not (tmp_path / "new").exists()
     assert sorted(p.name for p in (runs / "mlp").iterdir()) == source_files
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> Path:
+    """A finished run that only has to exist: mlp on digits, one epoch."""
+    root = tmp_path_factory.mktemp("quick")
+    hvdtrain.fit(hvdtrain.load_config(model="mlp", epochs=1, threads=1, run_dir=str(root), name="mlp",
+                                      tensorboard=False))
+    return root / "mlp"
+
+
+def _raise(err: BaseException):
+    def fail(*args, **kwargs):
+        raise err
+    return fail
+
+
+@pytest.mark.parametrize("case, owner, name, expected", [
+    ("unreadable weights", torch, "load", "model.pt is not a readable hvdtrain checkpoint (ValueError)"),
+    ("weights that do not fit", nn.Module, "load_state_dict", "does not fit the model of"),
+    ("an export that fails", torch.export, "export", "could not be exported with torch.export: RuntimeError"),
+])
+def test_a_library_error_without_a_message_is_still_one_line(quick_run, tmp_path, monkeypatch, case, owner, name,
+                                                               expected):
+    monkeypatch.setattr(owner, name, _raise(ValueError() if case == "unreadable weights" else RuntimeError()))
+    with pytest.raises(UserError) as raised:
+        hvdtrain.compress(quick_run, "int8", out=str(tmp_path / "out"), **FAST)
+    text = str(raised.value)
+    assert expected in text and "\n" not in text and not text.endswith(": "), text
