@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.device = "cpu"
     import horovod.torch as hvd
 
-    from hvdtrain.distributed import dist
+    from hvdtrain.distributed import runtime, settings
 
     config = bench_config(args.model, args.steps + WARMUP + 1, 1, args.smoke, 1)
-    dist.init(dist.horovod_env(config))   # hvdtrain's start, so the Trainer finds Horovod as it left it
+    runtime.init(settings.horovod_env(config))   # hvdtrain's start, so the Trainer finds Horovod as it left it
     torch.set_num_threads(1)
     rounds = []
     for number in range(args.rounds):

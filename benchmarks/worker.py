@@ -226,11 +226,11 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
         import horovod.torch as hvd
 
         if args.variant == "hvdtrain":
-            from hvdtrain.distributed import dist
+            from hvdtrain.distributed import runtime, settings
 
             # hvdtrain's own start, with its defaults and any Horovod settings in --hvdtrain-args
             # (the Trainer then finds Horovod running with the same settings)
-            dist.init(dist.horovod_env(load_config(None, args.hvdtrain_args.split())))
+            runtime.init(settings.horovod_env(load_config(None, args.hvdtrain_args.split())))
         else:
             hvd.init()
         rank, size = hvd.rank(), hvd.size()
