@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hvdtrain.errors import UserError
+from hvdtrain.errors import UserError, first_line
 from hvdtrain.output.files import atomic_write
 
 # 2: metric sums laid out by train/metrics.MetricSet (1 held [loss, correct, count]).
@@ -79,8 +79,7 @@ def _torch_load(path: Path, what: str) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"{path} is not a readable hvdtrain {what} ({first[:160]})") from None
+        raise UserError(f"{path} is not a readable hvdtrain {what} ({first_line(err, 160)})") from None
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def tune(space: str | dict[str, Any], trials: int, *, config: TrainConfig | str 
 
 
 def _inprocess(params: dict[str, Param], base: TrainConfig, settings: TuneSettings) -> TuneResult:
-    from hvdtrain.distributed import dist
+    from hvdtrain.distributed import collectives
     from hvdtrain.tuning.inprocess import run_inprocess
 
     study = run_inprocess(params, base, settings)
@@ -83,7 +83,7 @@ def _inprocess(params: dict[str, Param], base: TrainConfig, settings: TuneSettin
         finally:
             study.close()
     # Horovod: every rank returns rank 0's result.
-    return dist.broadcast_object(result, name="tune_result")
+    return collectives.broadcast_object(result, name="tune_result")
 
 
 def _announce(study: Study, progress: Progress) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.distributed import dist
+from hvdtrain.distributed import collectives, runtime
+from hvdtrain.distributed.settings import horovod_env
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.train.lr_schedule import scaled_lr
 from hvdtrain.tuning.report import Progress
@@ -38,7 +39,7 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
     Example:
         >>> study = run_inprocess(load_space("space.yaml"), load_config(epochs=3), TuneSettings(trials=4))
     """
-    world = dist.init(dist.horovod_env(base))
+    world = runtime.init(horovod_env(base))
     study, error = None, None
     if world.is_root:
         try:
@@ -46,7 +47,7 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
         except UserError as err:
             error = str(err)
     # Horovod: rank 0's verdict for all, so no rank waits alone in the loop below.
-    error = dist.broadcast_object(error, name="tune_open")
+    error = collectives.broadcast_object(error, name="tune_open")
     if error:
         raise UserError(error)
     progress = Progress(settings, study.finished() if study else 0, enabled=world.is_root)
@@ -63,7 +64,7 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
                                           "lr_scaling": base.lr_scaling, "lr_scale": scale})
                 trial.set_user_attr("run_dir", str(Path(folder) / f"trial-{trial.number:04d}"))
             # Horovod: every rank trains the parameters rank 0 sampled.
-            plan = dist.broadcast_object((trial.number, trial.params) if trial else None, name="tune_trial")
+            plan = collectives.broadcast_object((trial.number, trial.params) if trial else None, name="tune_trial")
             if plan is None:
                 break
             number, params = plan
@@ -98,7 +99,7 @@ def _run_trial(trial: Any, number: int, params: dict[str, Any], base: TrainConfi
             trial.report(record[settings.metric], record["epoch"])
             prune = record["epoch"] + 1 < config.epochs and bool(trial.should_prune())
         # Horovod: rank 0's verdict for every rank, so the workers stop together after this epoch.
-        prune = dist.broadcast_object(prune, name="tune_prune")
+        prune = collectives.broadcast_object(prune, name="tune_prune")
         verdicts.append(prune)
         return prune
 
