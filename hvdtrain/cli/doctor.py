@@ -60,12 +60,12 @@ def collect() -> dict[str, Any]:
     info["extension_error"] = None
     info["built"] = {}
     if info["horovod"]:
-        from hvdtrain.distributed import dist
+        from hvdtrain.distributed import runtime
 
-        if dist.hvd is None:
-            info["extension_error"] = str(dist._IMPORT_ERROR)
+        if runtime.hvd is None:
+            info["extension_error"] = str(runtime.IMPORT_ERROR)
         else:
-            info["built"] = dist.built_info()
+            info["built"] = runtime.built_info()
     return info
 
 

@@ -142,12 +142,12 @@ def main(args: list[str]) -> int:
         _write(outputs, opts.out)
         console.line(f"hvdtrain: wrote {len(outputs)} predictions to {opts.out} ({opts.procs} processes)")
         return 0
-    from hvdtrain.distributed import dist
+    from hvdtrain.distributed import collectives, runtime
 
-    world = dist.init()
+    world = runtime.init()
     local = predict_split(state, config, opts.split, world.rank, world.size, opts.batch_size)
     # Horovod: shards differ in length (1001 over 3 ranks), so gather them as objects.
-    shards = dist.allgather_object(local, name="predict_cli")
+    shards = collectives.allgather_object(local, name="predict_cli")
     if world.is_root:
         outputs = interleave(shards)
         _write(outputs, opts.out)

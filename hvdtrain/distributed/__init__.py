@@ -1,1 +1,2 @@
-"""Everything that talks to Horovod. Only `dist.py` imports horovod.torch; the rest of hvdtrain calls it."""
+"""Everything that talks to Horovod, split by concern; only `runtime.py` imports horovod.torch and the rest
+of hvdtrain calls these modules (model code never imports Horovod)."""
