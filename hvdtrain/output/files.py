@@ -14,7 +14,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, mode:
     """Write `path` through `.NAME.tmp` beside it, fsync, rename, fsync the folder.
 
     A crash or a full disk leaves the previous file (or none), never half a file. Errors of the
-    filesystem become a one-line UserError naming the path; the temporary file is removed.
+    filesystem become a one-line UserError naming the path; on any error the temporary file is removed.
 
     Args:
         write: called with the open binary temp file, e.g. `lambda f: torch.save(obj, f)`.
@@ -41,6 +41,9 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, mode:
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise UserError(f"cannot write {final}: {err.strerror or err}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a writer's own error (or Ctrl-C) leaves no half file behind either
+        raise
     return final
 
 
