@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 # Override for CUDA, e.g. make setup TORCH_SPEC='torch==2.13.0' (with a CUDA index in PIP_INDEX_URL)
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,notebook,spark,tensorboard,tune,compress
+EXTRAS ?= dev,notebook,spark,tensorboard,tune,compress,hf,streaming,tracking
 NP ?= 2
 ARGS ?=
 STAMP := $(VENV)/.hvdtrain-setup-ok

@@ -13,6 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hvdtrain.environment.process import export_rank_env
+
+# Before the user's own code builds a webdataset or mosaicml-streaming pipeline: they shard by RANK and
+# WORLD_SIZE, which horovodrun and mpirun do not set (HVDTRAIN_EXPORT_RANK_ENV=0 leaves them alone).
+export_rank_env()
+
 __version__ = "0.1.0"
 __all__ = ["Trainer", "fit", "launch", "tune", "compress", "load_config", "TrainConfig", "History"]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from hvdtrain.config.fields import option
 from hvdtrain.config.yaml_file import load_yaml_file
 from hvdtrain.errors import ConfigError
 
@@ -23,11 +24,7 @@ OPS = ("average", "adasum")
 PROGRESS_BARS = ("auto", "on", "off")
 LOSSES = ("auto", "cross_entropy", "mse")
 DECAYS = ("none", "cosine", "step")
-
-
-def option(default: Any, help: str) -> Any:
-    """A config field with its one-line help (shown by `hvdtrain --help`)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+TRACKERS = ("auto", "none", "mlflow", "wandb")
 
 
 @dataclass(frozen=True)
@@ -67,6 +64,9 @@ class TrainConfig:
     log_interval: int = option(20, "steps between metric allreduces and progress lines")
     progress_bar: str = option("auto", "auto (a terminal or notebook of your own, never under a launcher), on or off")
     tensorboard: bool = option(True, "also write TensorBoard events to <run>/tensorboard, if tensorboard is installed")
+    tracking: str = option("auto", "none, mlflow (store: $MLFLOW_TRACKING_URI, else <run-dir>/mlflow.db) or wandb; "
+                                   "auto = mlflow when MLFLOW_TRACKING_URI is set, else none")
+    tracking_experiment: str = option("hvdtrain", "the MLflow experiment (W&B project) runs are logged under")
     timeline_file: str = option("", "write Horovod's timeline (Chrome trace JSON) to this file; '' = off")
     autotune: bool = option(False, "let Horovod tune its fusion buffer and cycle time while training")
     stall_check_s: int = option(60, "Horovod warns when ranks wait this long for each other; 0 = no check")
@@ -88,6 +88,7 @@ class TrainConfig:
     stages: int = option(1, "model parallel: split an nn.Sequential model into K stages, one device each")
     stage_split: tuple[int, ...] = option((), "layers per stage, e.g. 3,5; empty = balanced by parameter count")
     micro_batches: int = option(1, "model parallel: pieces per batch so stages overlap (GPipe fill/drain)")
+    collate_fn: str = option("", "plug-in 'module:function' making a batch of a list of samples (e.g. padding)")
     workers: int = option(0, "data loader worker processes per rank; 0 = load in the training process")
     prefetch_factor: int = option(2, "batches each loader worker prepares ahead (workers > 0)")
     persistent_workers: bool = option(True, "keep loader workers alive across epochs (workers > 0)")
@@ -133,6 +134,7 @@ class TrainConfig:
         _check_choice("op", self.op, OPS)
         _check_choice("progress_bar", self.progress_bar, PROGRESS_BARS)
         _check_choice("loss", self.loss, LOSSES)
+        _check_choice("tracking", self.tracking, TRACKERS)
         if self.monitor and not self.monitor.startswith("val_"):
             raise ConfigError(f"monitor must name a held-out metric such as val_acc or val_loss, got {self.monitor!r}")
         if self.precision == "fp16" and self.device == "cpu":

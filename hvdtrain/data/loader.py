@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.data.user_loader import LoaderSettings
 
 
 def loader_seed(seed: int, rank: int) -> int:
@@ -39,17 +40,24 @@ def loader_options(config: TrainConfig, rank: int, device: torch.device) -> dict
 
 
 def build_loader(data: Any, sampler: Sampler[int] | None, config: TrainConfig, rank: int,
-                 device: torch.device) -> DataLoader:
+                 device: torch.device, settings: LoaderSettings | None = None) -> DataLoader:
     """The training loader over `sampler`'s shard (the sampler decides order; workers only load).
-    A streaming dataset (sampler None) shards itself across ranks and loader workers.
+    A streaming dataset (sampler None) shards itself across ranks and loader workers. `settings` (from a
+    DataLoader the user passed, or a collate function) win over the config's loading options.
 
     Example:
         >>> loader = build_loader(train_ds, ShardSampler(len(train_ds), rank, size, seed=42), config, rank,
         ...                       torch.device("cpu"))
     """
     options = loader_options(config, rank, device)
-    if sampler is None and config.workers:
+    if settings is not None and settings.options:
+        options = {**settings.options}
+        if options.get("generator") is None:
+            options["generator"] = loader_options(config, rank, device)["generator"]
+    if sampler is None and options.get("num_workers"):
         # A stream's workers read the epoch and position set on the dataset when the epoch's iterator is
         # made: persistent workers would keep the first epoch's copy.
         options["persistent_workers"] = False
-    return DataLoader(data, batch_size=config.batch_size, sampler=sampler, **options)
+    batch_size = settings.batch_size if settings is not None else config.batch_size
+    collate = settings.collate_fn if settings is not None else None
+    return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate, **options)

@@ -23,10 +23,14 @@ class ShardSampler(Sampler[int]):
     With start=0 it yields exactly what torch's DistributedSampler(shuffle=True, drop_last=False) does.
     """
 
-    def __init__(self, num_samples: int, rank: int, size: int, seed: int, shuffle: bool = True) -> None:
+    def __init__(self, num_samples: int, rank: int, size: int, seed: int, shuffle: bool = True,
+                 drop_last_batch: int = 0) -> None:
         self.num_samples_total = num_samples
         self.seed = seed
         self.shuffle = shuffle
+        # DataLoader(drop_last=True) with batches of this size: each epoch keeps the largest multiple of
+        # size x batch of its order, so every rank's last batch is whole and the ranks stay equal.
+        self.drop_last_batch = drop_last_batch
         self.epoch = 0
         self.start = 0
         self.rank, self.size = rank, size
@@ -38,11 +42,18 @@ class ShardSampler(Sampler[int]):
     def reshard(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
 
+    def epoch_samples(self) -> int:
+        """Samples in an epoch's order: all of them, or fewer with drop_last."""
+        if not self.drop_last_batch:
+            return self.num_samples_total
+        whole = self.size * self.drop_last_batch
+        return self.num_samples_total // whole * whole
+
     def order(self) -> list[int]:
         if not self.shuffle:
-            return list(range(self.num_samples_total))
+            return list(range(self.epoch_samples()))
         gen = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.num_samples_total, generator=gen).tolist()
+        return torch.randperm(self.num_samples_total, generator=gen).tolist()[:self.epoch_samples()]
 
     def shard(self) -> list[int]:
         remaining = self.order()[self.start:]
@@ -57,7 +68,7 @@ class ShardSampler(Sampler[int]):
         return iter(self.shard())
 
     def __len__(self) -> int:
-        remaining = max(0, self.num_samples_total - self.start)
+        remaining = max(0, self.epoch_samples() - self.start)
         return -(-remaining // self.size)
 
 

@@ -213,7 +213,8 @@ def is_stream(train_data: Any, *, elastic: bool) -> bool:
         return False
     if not all(hasattr(train_data, a) for a in ("set_shard", "set_epoch", "shard_len")):
         raise UserError(f"train_data is an IterableDataset ({type(train_data).__name__}) without set_shard/"
-                        "set_epoch/shard_len, so its samples cannot be split across workers exactly; use a "
+                        "set_epoch/shard_len, so its samples cannot be split across workers exactly; wrap it as "
+                        "hvdtrain.data.streams.Stream(dataset, samples=N) (N samples per epoch), or use a "
                         "map-style Dataset or hvdtrain.data.streaming.ParquetStream")
     if elastic:
         raise UserError("elastic training needs a map-style dataset (a stream cannot be re-split across a "

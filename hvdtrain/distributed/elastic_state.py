@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from hvdtrain.distributed.runtime import hvd
+from hvdtrain.environment import process
 
 
 def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **values: Any) -> Any:
@@ -27,5 +28,6 @@ def run_elastic(fn: Any, while_resetting: Callable[[], AbstractContextManager[An
         with while_resetting() if while_resetting else nullcontext():
             hvd.shutdown()
             hvd.init()
+        process.export_rank_env()       # a new world: new ranks for libraries that read RANK/WORLD_SIZE
 
     return run_fn(fn, reset)

@@ -47,6 +47,7 @@ def init(settings: dict[str, str] | None = None) -> World:
         os.environ.update(settings)  # Horovod's core reads these once, inside init()
         os.environ.update(gloo_defaults(os.environ))  # after the config's settings: autotune wins
     h.init()
+    process.export_rank_env()   # Horovod's answer, for libraries that shard by RANK/WORLD_SIZE
     return world()
 
 

@@ -9,7 +9,7 @@ rank-like variables.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 
 
@@ -93,3 +93,25 @@ def is_rank_zero() -> bool:
 def launched(env: Mapping[str, str] | None = None) -> bool:
     """A launcher started this process (its output goes to the launcher, not to a terminal of the user's)."""
     return from_env(os.environ if env is None else env) is not None
+
+
+# The variables torch.distributed's launchers set, which webdataset's split_by_node, mosaicml-streaming and
+# Hugging Face's own helpers read to pick a rank's shards. horovodrun and mpirun set none of them, so
+# without these every rank would silently read every sample.
+TORCH_STYLE = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+EXPORT_ENV = "HVDTRAIN_EXPORT_RANK_ENV"     # "0": leave them alone
+
+
+def export_rank_env(env: MutableMapping[str, str] | None = None) -> Process | None:
+    """Set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE in `env` (default os.environ) to this process's
+    place in the job, when a launcher started it (or Horovod runs). Returns what was exported, or None."""
+    env = os.environ if env is None else env
+    if env.get(EXPORT_ENV) == "0":
+        return None
+    me = current(env)
+    # torchrun set them already; Slurm's batch step looks like rank 0 of the whole allocation, so srun'd
+    # workers are left to srun (and to hvd.init, which exports Horovod's own answer).
+    if me is ALONE or me.launcher in ("torchrun", "slurm"):
+        return None
+    env.update(zip(TORCH_STYLE, map(str, (me.rank, me.size, me.local_rank, me.local_size)), strict=True))
+    return me

@@ -19,6 +19,7 @@ from hvdtrain.launcher.guard import (
     target,
     worker_pythonpath,
 )
+from hvdtrain.launcher.main_guard import check_main_guard
 from hvdtrain.launcher.secrets import split_env
 
 
@@ -53,6 +54,7 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
     """
     if np < 1:
         raise LaunchError(f"np must be >= 1, got {np}")
+    check_main_guard("hvdtrain.launch")
     fn, args = target(fn_or_config, args, "launch")
     check_picklable(fn, args, kwargs)
     if hosts is None:

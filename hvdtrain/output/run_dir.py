@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -10,42 +11,48 @@ import torch
 from torch import nn
 
 from hvdtrain.config.train_config import TrainConfig, to_yaml
+from hvdtrain.errors import UserError
+from hvdtrain.output.claim import claim, claim_new
 from hvdtrain.output.console import console
 from hvdtrain.output.files import atomic_write, write_text
+from hvdtrain.tracking import Tracker, start
 
 
 def plan_run_dir(config: TrainConfig) -> dict[str, Any]:
-    """Pick runs/<name>; refuse to mix a new run into an existing one. run_dir '' writes nothing."""
+    """Claim runs/<name> for this run (see output/claim.py); refuse a folder another run holds or uses.
+    run_dir '' writes nothing. The error, if any, is returned for rank 0 to share with every rank."""
     if not config.run_dir:
-        return {"path": None, "error": None}
-    if config.name:
-        path = Path(config.run_dir) / config.name
-        if path.exists() and any(path.iterdir()) and not config.resume:
-            return {"path": str(path), "error": f"run directory {path} already holds a run; "
-                                                "pass a new --name, or --resume auto to continue it"}
-        return {"path": str(path), "error": None}
-    stem = f"{config.model}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    stem = stem.replace(":", "_").replace("/", "_")
-    path = Path(config.run_dir) / stem
-    suffix = 1
-    while path.exists():  # two runs in the same second, e.g. fit twice in a notebook
-        suffix += 1
-        path = Path(config.run_dir) / f"{stem}-{suffix}"
-    return {"path": str(path), "error": None}
+        return {"path": None, "error": None, "claim": None}
+    try:
+        if config.name:
+            path = Path(config.run_dir) / config.name
+            token = claim(path, fresh=not config.resume)
+        else:
+            stem = f"{config.model}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+            path, token = claim_new(config.run_dir, stem.replace(":", "_").replace("/", "_"))
+    except UserError as err:
+        return {"path": None, "error": str(err), "claim": None}
+    return {"path": str(path), "error": None, "claim": token}
 
 
 class RunLog:
     """Rank 0's files in the run directory. It writes; the console (output/console.py) shows."""
 
-    def __init__(self, path: str, config: TrainConfig) -> None:
+    def __init__(self, path: str, config: TrainConfig, *, backend: str = "", device: str = "") -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         write_text(self.path / "config.yaml", to_yaml(config))
         self.tensorboard = _tensorboard_writer(self.path / "tensorboard") if config.tensorboard else None
+        # A copy for comparing runs (--tracking); its failures are one warning, never the run's.
+        self.tracker: Tracker | None = start(self.path, config, backend=backend, device=device,
+                                             say=lambda text: console.line(f"hvdtrain: {text}"),
+                                             warn=lambda text: console.line(f"hvdtrain: warning: {text}"))
 
     def metrics(self, record: dict[str, Any]) -> None:
         with (self.path / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps({"time": time.time(), **record}) + "\n")
+        if self.tracker:
+            self.tracker.record(record)
         if self.tensorboard and record["kind"] in ("train", "epoch"):
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("epoch", "step"):
@@ -54,17 +61,56 @@ class RunLog:
                 self.tensorboard.flush()  # a stopped run keeps its curves up to the last epoch
 
     def best(self, model: nn.Module) -> None:
-        """best.pt: the weights at the best epoch so far, replaced atomically (a crash leaves the old one)."""
-        atomic_write(self.path / "best.pt", lambda handle: torch.save(model.state_dict(), handle))
+        """best.pt and best.safetensors: the weights at the best epoch so far, each replaced atomically."""
+        write_weights(self.path, "best", model)
 
     def finish(self, history: Any, model: nn.Module) -> None:
         summary = history.summary
-        atomic_write(self.path / "model.pt", lambda handle: torch.save(model.state_dict(), handle))
+        write_weights(self.path, "model", model)
+        if callable(getattr(model, "save_pretrained", None)):
+            write_pretrained(self.path / "hf", model)
         write_text(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.metrics(summary)
         if self.tensorboard:
             self.tensorboard.close()
         history.plot(self.path / "curves.png")
+        if self.tracker:
+            self.tracker.finish(self.path)
+
+
+def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict as safetensors takes it: CPU, contiguous, and no two entries on one storage (tied
+    weights, e.g. a language model's embeddings and output layer, are stored once per name)."""
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in state.items():
+        tensor = tensor.detach().cpu().contiguous()
+        pointer = tensor.untyped_storage().data_ptr()
+        out[key] = tensor.clone() if pointer in seen else tensor
+        seen.add(pointer)
+    return out
+
+
+def write_weights(folder: Path, name: str, model: nn.Module) -> None:
+    """NAME.pt (torch.load) and NAME.safetensors (loads without pickle, in any framework), each atomically."""
+    from safetensors.torch import save
+
+    state = model.state_dict()
+    atomic_write(folder / f"{name}.pt", lambda handle: torch.save(state, handle))
+    data = save(unshared(state), metadata={"format": "pt", "written_by": "hvdtrain"})
+    atomic_write(folder / f"{name}.safetensors", lambda handle: handle.write(data))
+
+
+def write_pretrained(folder: Path, model: Any) -> None:
+    """A Hugging Face folder (config.json + model.safetensors) that from_pretrained reads; replaced whole."""
+    staging = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    old = folder.with_name(f".{folder.name}.old")
+    if folder.exists():
+        folder.rename(old)
+    staging.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _tensorboard_writer(path: Path) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -12,28 +13,61 @@ from torch.utils.data import DataLoader, IterableDataset, Subset, default_collat
 
 from hvdtrain.data.sharding import eval_shard
 from hvdtrain.distributed import collectives, runtime
-from hvdtrain.train.batch import first_tensor, to_device
+from hvdtrain.errors import UserError, first_line
+from hvdtrain.train.batch import describe, first_tensor, to_device
 from hvdtrain.train.metrics import MetricSet
-from hvdtrain.train.step import LossFn, StepFn, run_step
+from hvdtrain.train.step import LABEL_KEYS, LossFn, StepFn, model_inputs, run_step
+
+Collate = Callable[[list[Any]], Any]
 
 
-def probe_batch(data: Any, n: int) -> Any:
-    """A batch of the first `n` samples of `data` (map-style or a stream), collated as the loader does."""
+def probe_batch(data: Any, n: int, collate: Collate | None = None) -> Any:
+    """A batch of the first `n` samples of `data` (map-style or a stream), collated as the loader will;
+    a UserError naming the fix when they cannot be batched."""
     if isinstance(data, IterableDataset):
         items = list(itertools.islice(iter(data), n))
     else:
         items = [data[i] for i in range(min(n, len(data)))]
-    return default_collate(items)
+    try:
+        return (collate or default_collate)(items)
+    except Exception as err:
+        raise UserError(uncollatable(items, collate, err)) from None
+
+
+def _holds_image(value: Any, depth: int = 0) -> bool:
+    if type(value).__module__.startswith("PIL."):
+        return True
+    if depth < 2 and isinstance(value, (list, tuple)):
+        return any(_holds_image(v, depth + 1) for v in value)
+    if depth < 2 and isinstance(value, Mapping):
+        return any(_holds_image(v, depth + 1) for v in value.values())
+    return False
+
+
+def uncollatable(items: list[Any], collate: Collate | None, err: Exception) -> str:
+    """Why the first samples do not make a batch, and the fix."""
+    sample = describe(items[0]) if items else "nothing"
+    if any(_holds_image(item) for item in items):
+        return (f"the samples hold PIL images ({sample}), which cannot be batched: add a transform that makes "
+                "tensors to the dataset, e.g. transform=torchvision.transforms.ToTensor() (or PILToTensor())")
+    if collate is not None:
+        name = getattr(collate, "__qualname__", type(collate).__name__)
+        return (f"collate_fn {name} failed on the first {len(items)} samples ({sample}): "
+                f"{type(err).__name__}: {first_line(err)}")
+    return (f"torch's default collate cannot batch samples of {sample} ({first_line(err)}); pass a collate_fn "
+            "(to the Trainer, or in your DataLoader) that turns a list of samples into a batch, e.g. one that pads")
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Any, loss_fn: LossFn, step_fn: StepFn | None, metrics: MetricSet,
-             world: runtime.World, batch_size: int, device: torch.device) -> dict[str, Any]:
+             world: runtime.World, batch_size: int, device: torch.device,
+             collate: Collate | None = None) -> dict[str, Any]:
     """val_loss and every metric over all of `data`, each sample counted exactly once across ranks."""
     was_training = model.training
     model.eval()
     sums = metrics.zeros(device)
-    for batch in DataLoader(Subset(data, eval_shard(len(data), world.rank, world.size)), batch_size=batch_size):
+    shard = Subset(data, eval_shard(len(data), world.rank, world.size))
+    for batch in DataLoader(shard, batch_size=batch_size, collate_fn=collate):
         out = run_step(model, to_device(batch, device), loss_fn, step_fn)
         sums += metrics.batch_sums(out.loss, out.n, out.extras, out.outputs, out.targets)
     # Horovod: sums, not averages, so unequal shards weigh correctly.
@@ -44,14 +78,21 @@ def evaluate(model: nn.Module, data: Any, loss_fn: LossFn, step_fn: StepFn | Non
 
 @torch.no_grad()
 def predict_shard(model: nn.Module, data: Any, rank: int, size: int, batch_size: int,
-                  device: torch.device) -> torch.Tensor:
-    """Outputs for samples rank, rank+size, ... of `data` (items are (inputs, target) pairs or inputs)."""
+                  device: torch.device, collate: Collate | None = None) -> torch.Tensor:
+    """Outputs for samples rank, rank+size, ... of `data`: items are (inputs, target) pairs, inputs, or
+    dicts for model(**batch) (their labels left out)."""
     was_training = model.training
     model.eval()
     chunks = []
-    for batch in DataLoader(Subset(data, eval_shard(len(data), rank, size)), batch_size=batch_size):
-        inputs = batch[0] if isinstance(batch, (list, tuple)) and len(batch) == 2 else batch
-        output = first_tensor(model(to_device(inputs, device)))
+    for batch in DataLoader(Subset(data, eval_shard(len(data), rank, size)), batch_size=batch_size,
+                            collate_fn=collate):
+        batch = to_device(batch, device)
+        if isinstance(batch, Mapping):
+            output = first_tensor(model(**{k: v for k, v in model_inputs(model, batch).items()
+                                           if k not in LABEL_KEYS}))
+        else:
+            output = first_tensor(model(batch[0] if isinstance(batch, (list, tuple)) and len(batch) == 2
+                                        else batch))
         assert output is not None, "the model returned no tensor"
         chunks.append(output.cpu())
     model.train(was_training)
@@ -69,9 +110,10 @@ def interleave(shards: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def predict(model: nn.Module, data: Any, world: runtime.World, batch_size: int, device: torch.device) -> torch.Tensor:
+def predict(model: nn.Module, data: Any, world: runtime.World, batch_size: int, device: torch.device,
+            collate: Collate | None = None) -> torch.Tensor:
     """Outputs for every sample of `data` in its original order, on every rank."""
-    local = predict_shard(model, data, world.rank, world.size, batch_size, device)
+    local = predict_shard(model, data, world.rank, world.size, batch_size, device, collate)
     # Horovod: shards differ in length, so gather as objects; rank r holds samples r, r+size, ...
     return interleave(collectives.allgather_object(local, name="predict"))
 

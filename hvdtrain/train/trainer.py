@@ -1,7 +1,9 @@
 """The training loop: read it top to bottom. Lines that exist only for distribution say `# Horovod:`."""
 from __future__ import annotations
 
+import dataclasses
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,10 +15,12 @@ from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.data.loader import build_loader
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
 from hvdtrain.data.streaming import is_stream
+from hvdtrain.data.user_loader import prepare, unwrap
 from hvdtrain.distributed import collectives, gradients, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.models.pipeline import place
+from hvdtrain.output.claim import release
 from hvdtrain.output.console import banner_lines, console
 from hvdtrain.output.history import History
 from hvdtrain.output.run_dir import RunLog, plan_run_dir
@@ -25,7 +29,7 @@ from hvdtrain.train.batch import to_device
 from hvdtrain.train.device import pick_device, threads_per_worker
 from hvdtrain.train.early_stopping import improved, patience_exhausted
 from hvdtrain.train.elastic import ElasticRun
-from hvdtrain.train.evaluation import evaluate, param_digest, predict, probe_batch
+from hvdtrain.train.evaluation import Collate, evaluate, param_digest, predict, probe_batch
 from hvdtrain.train.host_memory import keep_host_memory
 from hvdtrain.train.lr_schedule import lr_at, scaled_lr
 from hvdtrain.train.metrics import BatchParts, Metric, MetricSet, choose
@@ -45,18 +49,23 @@ class Trainer:
 
     Args:
         model: the model; its initial weights are taken from rank 0 (or from the checkpoint resumed).
-        train_data: a map-style Dataset (with __len__) or a hvdtrain streaming dataset; its items may
-            be (inputs, targets) pairs or any structure of tensors (dicts, tuples, dataclasses) with step_fn.
-        val_data: optional held-out Dataset, evaluated after every epoch.
+        train_data: a map-style Dataset, a DataLoader over one (its batch size, collate_fn, workers and
+            shuffle are kept; only its sampler becomes each rank's shard), or a stream (hvdtrain's
+            ParquetStream, or hvdtrain.data.streams.Stream around a Hugging Face/webdataset stream).
+            Items may be (inputs, targets) pairs, dicts for `model(**batch)` (a model that returns its own
+            `loss`, the Hugging Face convention), or any structure of tensors with step_fn.
+        val_data: optional held-out Dataset or DataLoader, evaluated after every epoch.
         optimizer: optional optimizer over `model`'s parameters; default from `config`. Its learning
             rates are the one-worker rates, scaled by `config.lr_scaling`.
         loss_fn: `loss_fn(outputs, targets)`, mean over the batch; default cross-entropy. Outputs may
             be any structure (e.g. `(logits, aux)`) that your loss_fn takes.
         step_fn: `step_fn(model, batch) -> loss` or `-> (loss, {"name": value})`, for anything the
-            default `loss_fn(model(inputs), targets)` cannot express (e.g. `model(**batch).loss`).
+            default steps cannot express (several losses, extra values to report).
         metrics: names (acc, top5_acc, mse, mae) or metric objects (see train/metrics.py); default from
             `config.metrics` ("auto": accuracy for class labels, MSE/MAE for real-valued targets).
         config: a TrainConfig (batch size, epochs, LR policy, run directory...); default TrainConfig().
+        collate_fn: turns a list of samples into a batch (e.g. padding), for a Dataset; default torch's
+            (or `config.collate_fn`, or the DataLoader's own).
     Example:
         >>> trainer = hvdtrain.Trainer(my_model, train_ds, val_ds, config=hvdtrain.load_config(epochs=5))
         >>> history = trainer.fit()
@@ -66,8 +75,14 @@ class Trainer:
     def __init__(self, model: nn.Module, train_data: Any, val_data: Any = None, *,
                  optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
                  step_fn: StepFn | None = None, metrics: Sequence[str | Metric] | None = None,
-                 config: TrainConfig | None = None) -> None:
-        self.config = config = config or TrainConfig()
+                 config: TrainConfig | None = None, collate_fn: Collate | None = None) -> None:
+        config = config or TrainConfig()
+        data = prepare(train_data, val_data, collate_fn, config.collate_fn, config.batch_size)
+        train_data, val_data, self.loading = data.train, data.val, data.settings
+        if self.loading is not None and self.loading.batch_size != config.batch_size:
+            config = dataclasses.replace(config, batch_size=self.loading.batch_size)  # the user's DataLoader's
+        self.config = config
+        self.val_collate, self.eval_batch_size = data.val_collate, data.val_batch_size or config.eval_batch_size
         world = runtime.init(settings.horovod_env(config))  # Horovod: timeline, autotune, stall check
         torch.set_num_threads(config.threads or threads_per_worker(world.local_size))
         keep_host_memory(config.keep_host_memory)  # a step's tensors reuse the last step's pages
@@ -84,7 +99,7 @@ class Trainer:
         self.model = place(model, self.device, local_rank=world.local_rank, local_size=world.local_size,
                            stages=config.stages, split=config.stage_split, micro_batches=config.micro_batches)
         self.step_fn = step_fn
-        first = probe_batch(train_data, max(2, config.micro_batches))
+        first = probe_batch(train_data, max(2, config.micro_batches), self.loading and self.loading.collate_fn)
         self.loss_fn: LossFn = loss_fn or default_loss(config.loss, first)
         self.float_buffers = [] if config.sync_bn else [
             b for b in self.model.buffers() if b.is_floating_point()]
@@ -97,6 +112,8 @@ class Trainer:
         # Rank 0 decides the run directory and reads any checkpoint; every rank learns the verdict,
         # so none waits alone, and nothing is written before all input checks passed.
         plan = plan_run_dir(config) if world.is_root else None
+        if plan and plan["claim"] is not None:  # the folder stays this run's while its Trainer lives
+            weakref.finalize(self, release, plan["path"], plan["claim"])
         # Horovod's wrapper is a new optimizer object: state is loaded into it, not into the original.
         self.optimizer: Any = gradients.wrap_optimizer(
             optimizer, self.model, accumulate=config.accumulate, compression=config.compression, op=config.op,
@@ -109,9 +126,12 @@ class Trainer:
         self.log: RunLog | None = None
         self.announced = False          # the banner is shown once per process (elastic restarts call again)
         self.world = world
-        self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed)
+        loading = self.loading
+        self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed,
+                                    shuffle=loading.shuffle if loading else True,
+                                    drop_last_batch=config.batch_size if loading and loading.drop_last else 0)
         self.loader = build_loader(train_data, None if self.streaming else self.sampler, config, world.rank,
-                                   self.device)
+                                   self.device, loading)
         self.resize(world)
         self.history = History()
         self.after_epoch: AfterEpoch | None = None
@@ -190,7 +210,7 @@ class Trainer:
                    and not patience_exhausted(p.epoch, p.best_epoch, config.patience)):
                 epoch_start = time.perf_counter()
                 steps, seen, lr_factor = self._run_epoch(p, total_steps)
-                finished = p.position >= len(self.train_data)
+                finished = p.position >= self.epoch_samples
                 self._end_epoch(p, lr_factor, time.perf_counter() - epoch_start, steps, seen)
                 if finished and config.monitor:
                     self._judge(p)
@@ -408,7 +428,9 @@ class Trainer:
             self.train_data.set_shard(world.rank, world.size)
         else:
             self.sampler.reshard(world.rank, world.size)
-        self.steps_per_epoch = steps_per_epoch(len(self.train_data), world.size, config.batch_size,
+        # DataLoader(drop_last=True): fewer samples per epoch, a number that depends on the workers.
+        self.epoch_samples = len(self.train_data) if self.streaming else self.sampler.epoch_samples()
+        self.steps_per_epoch = steps_per_epoch(self.epoch_samples, world.size, config.batch_size,
                                                config.accumulate)
         self.lr_scale = scaled_lr(1.0, world.size, config.lr_scaling)
 
@@ -435,12 +457,17 @@ class Trainer:
         data = self.val_data if data is None else data
         if data is None:
             return {}
+        data, loading = unwrap(data, "evaluation")
+        collate = loading.collate_fn if loading and loading.collate_fn else self.val_collate
         return evaluate(self.model, data, self.loss_fn, self.step_fn, self.metrics, self.world,
-                        self.config.eval_batch_size, self.device)
+                        loading.batch_size if loading else self.eval_batch_size, self.device, collate)
 
     def predict(self, data: Any) -> torch.Tensor:
         """Model outputs for every sample of `data`, in order, on every rank (computed sharded)."""
-        return predict(self.model, data, self.world, self.config.eval_batch_size, self.device)
+        data, loading = unwrap(data, "prediction")
+        collate = loading.collate_fn if loading and loading.collate_fn else self.val_collate
+        return predict(self.model, data, self.world, loading.batch_size if loading else self.eval_batch_size,
+                       self.device, collate)
 
 
 def fit(config: TrainConfig) -> History:
