@@ -21,7 +21,9 @@ from hvdtrain.output.files import atomic_write
 
 # 2: metric sums laid out by train/metrics.MetricSet (1 held [loss, correct, count]).
 FORMAT = "hvdtrain-checkpoint-2"
-_NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+# ckpt-<step>.pt, or ckpt-<step>-b<branch>.pt after a rollback: newer means a later branch, then a higher step.
+_NAME = re.compile(r"^ckpt-(\d{9})(?:-b(\d+))?\.pt$")
+UNREADABLE = ".unreadable"
 # Fault injection for tests: seconds to sleep between writing the temp file and renaming it.
 WRITE_DELAY_ENV = "HVDTRAIN_CHECKPOINT_WRITE_DELAY_S"
 
@@ -51,12 +53,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def file_name(step: int, branch: int = 0) -> str:
+    return f"ckpt-{step:09d}.pt" if not branch else f"ckpt-{step:09d}-b{branch}.pt"
+
+
 def save(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path:
-    """Write ckpt-<step>.pt atomically (temp file, fsync, rename), then keep only the newest `keep`."""
+    """Write ckpt-<step>.pt atomically (temp file, fsync, rename), then keep only the newest `keep`.
+
+    The branch (payload["progress"]["branch"], see branch_after) goes into the name, so a rollback's
+    checkpoints rank above the abandoned, higher-numbered ones.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob(".ckpt-*.tmp"):  # left by a writer that was killed; only rank 0 writes
         stale.unlink(missing_ok=True)
-    final = directory / f"ckpt-{step:09d}.pt"
+    final = directory / file_name(step, payload.get("progress", {}).get("branch", 0))
     delay = float(os.environ.get(WRITE_DELAY_ENV, "0") or 0)
     atomic_write(final, lambda handle: torch.save({"format": FORMAT, **payload}, handle),
                  before_replace=(lambda: time.sleep(delay)) if delay else None)
@@ -65,11 +75,26 @@ def save(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path
     return final
 
 
+def _order(path: Path) -> tuple[int, int]:
+    match = _NAME.match(path.name)
+    assert match is not None
+    return int(match[2] or 0), int(match[1])
+
+
 def candidates(directory: Path) -> list[Path]:
-    """Checkpoint files, newest (highest step) first."""
+    """Checkpoint files, newest first: the latest branch, then the highest step."""
     if not directory.is_dir():
         return []
-    return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), reverse=True)
+    return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), key=_order, reverse=True)
+
+
+def branch_after(directory: Path, branch: int, step: int) -> int:
+    """The branch a run resumed from (branch, step) writes into `directory`: the same one, unless newer
+    checkpoints are there (a rollback): then a new branch, so they stay and rank below the new ones."""
+    found = [_order(p) for p in candidates(directory)]
+    if not found or max(found) <= (branch, step):
+        return branch
+    return max(b for b, _ in found) + 1
 
 
 def _torch_load(path: Path, what: str) -> Any:
@@ -124,11 +149,17 @@ def rng_preserved() -> Iterator[None]:
 
 
 def find_latest(directory: Path) -> tuple[dict[str, Any] | None, Path | None, list[str]]:
-    """The newest checkpoint that loads; notes say which newer ones were skipped and why."""
-    notes: list[str] = []
+    """The newest checkpoint that loads; newer ones that do not are renamed *.unreadable, so they keep
+    no --keep-checkpoints slot and stay for a look. Notes: one line on what was moved aside."""
+    moved: list[str] = []
+    found: tuple[dict[str, Any] | None, Path | None] = (None, None)
     for path in candidates(directory):
         try:
-            return load(path), path, notes
+            found = load(path), path
+            break
         except UserError as err:
-            notes.append(f"skipping {err}")
-    return None, None, notes
+            path.rename(path.with_name(path.name + UNREADABLE))
+            moved.append(str(err))
+    notes = [f"skipping {moved[0]}; moved aside as *{UNREADABLE}"
+             + (f" with {len(moved) - 1} more" if len(moved) > 1 else "")] if moved else []
+    return found[0], found[1], notes

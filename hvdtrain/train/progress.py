@@ -22,6 +22,7 @@ class Progress:
     stats: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     best: float = math.nan      # best value of config.monitor so far
     best_epoch: int = -1        # the epoch (0-based) that reached it; best.pt holds its weights
+    branch: int = 0             # checkpoints' line of descent: a rollback starts the next (train/checkpoint.py)
 
     def values(self, *, stats: bool = True) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if stats or f.name != "stats"}

@@ -35,6 +35,12 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
         return {"error": f"checkpoint {path} does not fit this model/optimizer ({first_line(err)}); it was "
                          f"written with --model {made_with}: use the same model and optimizer, or another checkpoint"}
     meta = {key: payload[key] for key in ("progress", "world_size", "rng", "stats")}
+    if run_path:
+        branch = checkpoint.branch_after(checkpoint.checkpoint_dir(run_path), meta["progress"].get("branch", 0),
+                                         meta["progress"]["step"])
+        if branch != meta["progress"].get("branch", 0):
+            notes.append(f"newer checkpoints of the run stay; this one's follow them as *-b{branch}.pt")
+        meta["progress"] = {**meta["progress"], "branch": branch}
     meta["scaler"] = payload.get("scaler")  # fp16's loss scale; absent otherwise
     return {"payload": meta, "path": str(path), "note": "; ".join(notes)}
 
