@@ -1,0 +1,79 @@
+"""What a tracked run is told about itself: which tracker, its params, its tags, its metrics."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.environment import process
+
+# Keys of a metrics record that place it (they are the step axis, not a curve of their own).
+PLACE_KEYS = ("kind", "epoch", "step", "time")
+# MLflow 3 stores a param value of up to 6000 characters and refuses a longer one.
+MAX_PARAM_CHARS = 6000
+
+
+def resolve(choice: str, env: Mapping[str, str]) -> str:
+    """The tracker `--tracking` means here: auto is mlflow when a team server is named, else none.
+
+    Example:
+        >>> resolve("auto", {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}), resolve("auto", {})
+        ('mlflow', 'none')
+    """
+    if choice != "auto":
+        return choice
+    return "mlflow" if env.get("MLFLOW_TRACKING_URI") else "none"
+
+
+def embedded_store(run_dir: Path) -> str:
+    """The serverless default: one sqlite file beside the run folders, so `mlflow ui` there shows them all.
+
+    Example:
+        >>> embedded_store(Path("/work/runs/cnn-digits"))
+        'sqlite:////work/runs/mlflow.db'
+    """
+    return f"sqlite:///{run_dir.resolve().parent / 'mlflow.db'}"
+
+
+def params(config: TrainConfig, tracker: str) -> dict[str, str]:
+    """The resolved config, every key, as the strings a tracker stores (`tracking` as resolved)."""
+    values = {**config.to_dict(), "tracking": tracker}
+    return {key: str(value)[:MAX_PARAM_CHARS] for key, value in values.items()}
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def tags(run_dir: Path, config: TrainConfig, *, backend: str = "", device: str = "") -> dict[str, str]:
+    """Versions and the job's shape. `backend`/`device` come from the trainer when it knows them."""
+    import torch
+
+    me = process.current()
+    launched = process.from_env(os.environ)
+    if not device:  # the trainer's rule (train/device.py): auto is CUDA when torch sees a GPU
+        device = "cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu"
+    return {"hvdtrain.version": _version("hvdtrain"), "horovod.version": _version("horovod"),
+            "torch.version": torch.__version__, "launcher": launched.launcher if launched else "none",
+            "backend": backend or ("one process" if me.size == 1 else "unknown"),
+            "workers": str(me.size), "hosts": str(-(-me.size // max(1, me.local_size))), "device": device,
+            "run_dir": str(run_dir.resolve())}
+
+
+def metrics(record: Mapping[str, Any]) -> tuple[int, dict[str, float]]:
+    """(step, {name: value}) of a metrics.jsonl record, named as in TensorBoard: `train/loss`, `epoch/val_acc`.
+
+    Example:
+        >>> metrics({"kind": "train", "epoch": 0, "step": 20, "loss": 0.5, "lr": 0.1})
+        (20, {'train/loss': 0.5, 'train/lr': 0.1})
+    """
+    kind = record.get("kind", "")
+    values = {f"{kind}/{key}": float(value) for key, value in record.items()
+              if key not in PLACE_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    return int(record.get("step") or 0), values

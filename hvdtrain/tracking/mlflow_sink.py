@@ -1,0 +1,120 @@
+"""MLflow, through its client only (no fluent `mlflow.start_run`: no global active run, no atexit of MLflow's).
+
+Runs only on the tracker's background thread: importing MLflow takes seconds, and every call may block on
+a server.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# MLflow retries a failed request 7 times with a doubling backoff and waits 120 s for an answer, so a
+# server that is down would be noticed after minutes. A training job wants to know in seconds; the user's
+# own settings win.
+QUICK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+              "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+# log_batch takes at most 1000 metrics and 100 params per call.
+METRICS_PER_CALL = 1000
+PARAMS_PER_CALL = 100
+RUN_FILE = "tracking.json"
+
+
+class MlflowSink:
+    """One MLflow run for one run folder: created once, found again from <run>/tracking.json on resume."""
+
+    def __init__(self, run_dir: Path, uri: str, experiment: str, *, embedded: bool) -> None:
+        self.run_dir = run_dir
+        self.uri = uri
+        self.experiment = experiment
+        self.embedded = embedded
+        self.client: Any = None
+        self.run_id = ""
+
+    @property
+    def shown_uri(self) -> str:
+        # http://user:password@host names its own credential: show the host only.
+        scheme, sep, rest = self.uri.partition("://")
+        return f"{scheme}{sep}{rest.rpartition('@')[2]}"
+
+    @property
+    def where(self) -> str:
+        return f"MLflow at {self.shown_uri}"
+
+    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> str:
+        """Connect, create the run or take up the one this folder already has; returns what happened."""
+        for name, value in QUICK_HTTP.items():
+            os.environ.setdefault(name, value)
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+        known = self._known_run()
+        if known:
+            self.run_id = known.info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            # Params are write-once in MLflow: a resumed run keeps the values it started with.
+            params = {k: v for k, v in params.items() if k not in known.data.params}
+            said = f"continuing MLflow run {self.run_id}"
+        else:
+            run = self.client.create_run(self._experiment_id(), tags=dict(tags), run_name=self.run_dir.name)
+            self.run_id = run.info.run_id
+            self._remember()
+            said = f"MLflow run {self.run_id}"
+        items = [Param(k, v) for k, v in params.items()]
+        for first in range(0, len(items), PARAMS_PER_CALL):
+            self.client.log_batch(self.run_id, params=items[first:first + PARAMS_PER_CALL], synchronous=True)
+        return f"{said} in {self.shown_uri} (experiment {self.experiment!r})"
+
+    def log(self, metrics: Sequence[tuple[str, float, int, int]]) -> None:
+        """(name, value, step, unix ms) each, in calls of at most 1000."""
+        from mlflow.entities import Metric
+
+        items = [Metric(name, value, stamp, step) for name, value, step, stamp in metrics]
+        for first in range(0, len(items), METRICS_PER_CALL):
+            self.client.log_batch(self.run_id, metrics=items[first:first + METRICS_PER_CALL], synchronous=True)
+
+    def close(self, artifacts: Sequence[Path], status: str) -> None:
+        for path in artifacts:
+            self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, status=status)
+
+    def _experiment_id(self) -> str:
+        from mlflow.exceptions import MlflowException
+
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return str(found.experiment_id)
+        # The embedded store keeps artifacts beside mlflow.db, not in ./mlartifacts of whatever folder
+        # training happened to start in.
+        location = (self.run_dir.resolve().parent / "mlartifacts").as_uri() if self.embedded else None
+        try:
+            return str(self.client.create_experiment(self.experiment, artifact_location=location))
+        except MlflowException:  # another job created it between our two calls
+            return str(self.client.get_experiment_by_name(self.experiment).experiment_id)
+
+    def _known_run(self) -> Any:
+        """This folder's run in this store, if an earlier process of the same run (resume) created it."""
+        try:
+            saved = json.loads((self.run_dir / RUN_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if saved.get("tracker") != "mlflow" or saved.get("uri") != self.uri or not saved.get("run_id"):
+            return None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_run(saved["run_id"])
+        except MlflowException:  # deleted from the store since: a new run is the only choice
+            return None
+
+    def _remember(self) -> None:
+        """<run>/tracking.json: the run id for `--resume auto`, written whole (a crash leaves none or all)."""
+        path = self.run_dir / RUN_FILE
+        tmp = path.with_name(f".{RUN_FILE}.tmp")
+        tmp.write_text(json.dumps({"tracker": "mlflow", "uri": self.uri, "run_id": self.run_id,
+                                   "experiment": self.experiment, "created": time.time()}, indent=2) + "\n")
+        os.replace(tmp, path)

@@ -1,0 +1,139 @@
+"""The background thread between rank 0's training loop and a tracker, and `start()`, which picks one.
+
+The training thread never waits on the tracker: `record()` puts on an unbounded queue and returns. The
+thread sends whatever has piled up in one batch, so a slow server means fewer, larger calls, not a slower
+step. The first failure (no server, bad URI, a server that dies mid-run) is one warning; from then on
+records are dropped and training goes on. `finish()` waits at most FLUSH_S for the last batch and the
+artifacts, then leaves the thread behind (a daemon: it cannot keep the process alive).
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.environment import process
+from hvdtrain.errors import first_line
+from hvdtrain.tracking import context
+from hvdtrain.tracking.mlflow_sink import MlflowSink
+
+# The end of a run waits this long for the tracker (the last metrics and the artifact upload).
+FLUSH_S = 60.0
+# A process that ends without finish() (an error, a signal) closes its run this much faster.
+ABANDON_S = 10.0
+# What a finished run uploads, the first existing file of each group (safetensors before pickle).
+ARTIFACTS = (("config.yaml",), ("summary.json",), ("metrics.jsonl",), ("curves.png",),
+             ("model.safetensors", "model.pt"), ("best.safetensors", "best.pt"))
+
+
+class Sink(Protocol):
+    @property
+    def where(self) -> str: ...
+
+    def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> str: ...
+
+    def log(self, metrics: list[tuple[str, float, int, int]]) -> None: ...
+
+    def close(self, artifacts: list[Path], status: str) -> None: ...
+
+
+class Tracker:
+    """Rank 0's one tracked run. Call `record()` per metrics record and `finish()` once at the end."""
+
+    def __init__(self, sink: Sink, params: Mapping[str, str], tags: Mapping[str, str],
+                 say: Callable[[str], None], warn: Callable[[str], None]) -> None:
+        self.sink = sink
+        self.say = say
+        self.warn = warn
+        self.failed = False
+        self.queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.thread = threading.Thread(target=self._work, args=(dict(params), dict(tags)),
+                                       name="hvdtrain-tracking", daemon=True)
+        self.thread.start()
+        atexit.register(self._abandon)
+
+    def record(self, record: Mapping[str, Any]) -> None:
+        """A metrics.jsonl record (train, epoch or summary): queued, never waited for."""
+        if self.failed:
+            return
+        step, values = context.metrics(record)
+        stamp = int(time.time() * 1000)
+        self.queue.put(("metrics", [(name, value, step, stamp) for name, value in values.items()]))
+
+    def finish(self, run_dir: Path, status: str = "FINISHED", wait_s: float = FLUSH_S) -> None:
+        """Send what is left and the run folder's files, then end the run; waits at most `wait_s`."""
+        atexit.unregister(self._abandon)
+        files = [next(run_dir / name for name in group if (run_dir / name).exists())
+                 for group in ARTIFACTS if any((run_dir / name).exists() for name in group)]
+        self.queue.put(("close", (files, status)))
+        self.thread.join(wait_s)
+        if self.thread.is_alive() and not self.failed:
+            self.failed = True
+            self.warn(f"tracking: {self.sink.where} did not take the run's last records and files within "
+                      f"{wait_s:.0f} s; they are in {run_dir}, and training is done")
+
+    def _abandon(self) -> None:
+        """At exit without finish(): the run is marked KILLED (a resume continues it), within ABANDON_S."""
+        self.queue.put(("close", ([], "KILLED")))
+        self.thread.join(ABANDON_S)
+
+    def _work(self, params: dict[str, str], tags: dict[str, str]) -> None:
+        try:
+            self.say(f"tracking: {self.sink.open(params, tags)}")
+        except Exception as err:  # any failure of a tracker is its own, never the training's
+            self._fail(f"cannot log to {self.sink.where} ({first_line(err)})")
+            return
+        while True:
+            batch = [self.queue.get()]
+            while True:  # everything that piled up while the last call was in flight, in one call
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            metrics = [m for kind, item in batch if kind == "metrics" for m in item]
+            closing = next((item for kind, item in batch if kind == "close"), None)
+            try:
+                if metrics:
+                    self.sink.log(metrics)
+                if closing is not None:
+                    self.sink.close(*closing)
+                    return
+            except Exception as err:
+                self._fail(f"lost {self.sink.where} ({first_line(err)})")
+                return
+
+    def _fail(self, why: str) -> None:
+        self.failed = True
+        self.warn(f"tracking: {why}; training goes on untracked, its files are whole in the run folder")
+
+
+def start(run_dir: Path, config: TrainConfig, *, say: Callable[[str], None], warn: Callable[[str], None],
+          backend: str = "", device: str = "", env: Mapping[str, str] | None = None) -> Tracker | None:
+    """The tracker `config.tracking` asks for, on rank 0 only; None when untracked, or after one warning.
+
+    Example:
+        >>> tracker = start(Path("runs/cnn-digits"), config, say=print, warn=print)  # doctest: +SKIP
+    """
+    env = os.environ if env is None else env
+    chosen = context.resolve(config.tracking, env)
+    if chosen == "none" or not process.is_rank_zero():
+        return None
+    if chosen == "wandb":
+        warn("tracking: --tracking wandb is not built yet (issue 27); use --tracking mlflow. Training goes on "
+             "untracked")
+        return None
+    if importlib.util.find_spec("mlflow") is None:
+        warn("tracking: mlflow is not installed (pip install 'hvdtrain[tracking]'); training goes on untracked")
+        return None
+    uri = env.get("MLFLOW_TRACKING_URI", "")
+    sink = MlflowSink(run_dir, uri or context.embedded_store(run_dir), config.tracking_experiment,
+                      embedded=not uri)
+    return Tracker(sink, context.params(config, chosen), context.tags(run_dir, config, backend=backend,
+                                                                      device=device), say, warn)
