@@ -89,9 +89,10 @@ def open_study(settings: TuneSettings) -> Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # our own line per trial instead of Optuna's
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     folder = Path(settings.dir)
+    journal = folder / JOURNAL
+    _refuse_another_study(journal, settings.study)   # before the lock: a refused study writes nothing
     folder.mkdir(parents=True, exist_ok=True)
     lock = _take_lock(folder / LOCK)
-    journal = folder / JOURNAL
     stale_lock = Path(str(journal) + ".lock")
     if stale_lock.exists():
         stale_lock.unlink()   # Optuna's own write lock, left by a process killed mid-write (we hold the dir)
@@ -110,6 +111,20 @@ def open_study(settings: TuneSettings) -> Study:
     opened = Study(study, settings, lock)
     opened.recovered = _recover(opened)
     return opened
+
+
+def _refuse_another_study(journal: Path, name: str) -> None:
+    """One study per --dir: its trials-NNNN folders, trials.json and best.yaml are not named by study."""
+    if not journal.exists():
+        return
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    others = sorted(s.study_name for s in JournalStorage(JournalFileBackend(str(journal))).get_all_studies()
+                    if s.study_name != name)
+    if others:
+        raise UserError(f"tune: --dir {journal.parent} holds study {others[0]!r}, not {name!r}: use another --dir "
+                        f"for a new study, or --study {others[0]} to continue that one")
 
 
 def _take_lock(path: Path) -> IO[str]:

@@ -15,7 +15,7 @@ from hvdtrain.errors import ConfigError, UserError
 from hvdtrain.tuning.report import results_table, write_best, write_plots
 from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import check_against, load_space, parse_space, trial_config
-from hvdtrain.tuning.study import open_study
+from hvdtrain.tuning.study import open_study, write_trials_json
 
 SPACE = {"lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True},
          "batch_size": {"type": "categorical", "choices": [16, 32, 64]},
@@ -203,3 +203,24 @@ def test_job_mode_under_a_launcher_is_refused_before_anything_is_written(tmp_pat
     proc = tune_cli("--space", "space.yaml", "--trials", "2", "--dir", "study", cwd=tmp_path)
     assert proc.returncode == 2 and "add --mode inprocess" in proc.stderr, proc.stderr
     assert not (tmp_path / "study").exists()
+
+
+def test_a_second_study_in_one_dir_is_refused_in_one_line_before_writing_anything(tmp_path):
+    first = open_study(TuneSettings(trials=1, dir=str(tmp_path / "tune"), study="lr-search"))
+    space = parse_space({"lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True}})
+    first.optuna.tell(first.ask(space, {}), 0.9)
+    write_trials_json(first)
+    first.close()
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (tmp_path / "tune").iterdir()}
+    message = ("tune: --dir .*tune holds study 'lr-search', not 'wd-search': use another --dir for a new "
+               "study, or --study lr-search to continue that one")
+    with pytest.raises(UserError, match=message):
+        open_study(TuneSettings(trials=1, dir=str(tmp_path / "tune"), study="wd-search"))
+    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 0.01, high: 0.3}\n")
+    proc = tune_cli("--space", "space.yaml", "--dir", "tune", "--study", "wd-search", "--trials", "1", cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "holds study 'lr-search'" in lines[0], proc.stderr
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (tmp_path / "tune").iterdir()} == before
+    again = open_study(TuneSettings(trials=2, dir=str(tmp_path / "tune"), study="lr-search"))
+    assert again.finished() == 1  # its own study continues there
+    again.close()
