@@ -11,6 +11,53 @@ from hvdtrain.distributed import runtime
 from hvdtrain.errors import UserError, first_line
 from hvdtrain.train import checkpoint
 
+# What the data and its split are, and what `best` measures: changed, the resumed run would train on other
+# samples (the held-out set among them) or compare the saved best with another metric.
+DATA_KEYS = ("dataset", "seed", "val_fraction", "synthetic_samples", "synthetic_shape", "num_classes", "monitor")
+# Mid-epoch, the saved position counts whole batches of this layout (a stream's, or a DataLoader's drop_last).
+MID_EPOCH_KEYS = ("batch_size", "accumulate")
+# The LR is not restored: each step sets it from this run's own optimizer (Trainer.base_lrs) and schedule.
+SCHEDULED = ("lr", "initial_lr")
+
+
+def config_conflict(saved: dict[str, Any], now: dict[str, Any], *, mid_epoch: bool) -> str | None:
+    """The one-line refusal when a checkpoint's config (`saved`) and this run's differ in what defines the
+    data; None when they agree (keys an older checkpoint lacks are not compared)."""
+    for key in DATA_KEYS + (MID_EPOCH_KEYS if mid_epoch else ()):
+        if key in saved and key in now and _differ(saved[key], now[key]):
+            old = ",".join(map(str, saved[key])) if isinstance(saved[key], list | tuple) else saved[key]
+            why = ("would compare the saved best with another metric" if key == "monitor" else
+                   f"{' in the middle of an epoch' if key in MID_EPOCH_KEYS else ''} would train on other samples")
+            return (f"the checkpoint was written with {key} {saved[key]!r}, this run has {now[key]!r}: resuming "
+                    f"{why}; pass --{key.replace('_', '-')} {old}, or start a new run "
+                    "(another --name, no --resume)")
+    return None
+
+
+def restore_hyperparameters(restored: list[dict[str, Any]], wanted: list[dict[str, Any]],
+                            also: list[str] | None = None) -> str | None:
+    """Set the optimizer settings this run asked for (momentum, weight_decay, betas...) over those a checkpoint
+    restored, in place; returns one line naming what changed (`also` first, e.g. the LR), or None."""
+    changes: list[str] = list(also or [])
+    for group, want in zip(restored, wanted, strict=False):
+        for key, value in want.items():
+            if key in SCHEDULED or key == "params" or not _differ(group.get(key), value):
+                continue
+            change = f"{key} {group.get(key)} -> {value}"
+            if change not in changes:
+                changes.append(change)
+            group[key] = value
+    return f"optimizer settings changed since the checkpoint, applied: {', '.join(changes)}" if changes else None
+
+
+def _differ(a: Any, b: Any) -> bool:
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return list(a) != list(b)   # a config read back from a checkpoint holds lists for tuples
+    try:
+        return bool(a != b)
+    except (RuntimeError, ValueError):   # tensors of several elements: not a setting to compare
+        return False
+
 
 def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -27,6 +74,11 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
             payload = checkpoint.load(path)
         except UserError as err:
             return {"error": str(err)}
+    conflict = config_conflict(payload.get("config") or {}, config.to_dict(),
+                               mid_epoch=bool(payload.get("progress", {}).get("position")))
+    if conflict:
+        return {"error": f"--resume {path}: {conflict}"}
+    wanted = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         model.load_state_dict(payload["model"])
         optimizer.load_state_dict(payload["optimizer"])
@@ -34,6 +86,11 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
         made_with = payload.get("config", {}).get("model", "?")
         return {"error": f"checkpoint {path} does not fit this model/optimizer ({first_line(err)}); it was "
                          f"written with --model {made_with}: use the same model and optimizer, or another checkpoint"}
+    old_lr = (payload.get("config") or {}).get("lr")
+    new_lr = [f"lr {old_lr} -> {config.lr}"] if old_lr is not None and _differ(old_lr, config.lr) else []
+    changed = restore_hyperparameters(optimizer.param_groups, wanted, new_lr)
+    if changed:
+        notes.append(changed)
     meta = {key: payload[key] for key in ("progress", "world_size", "rng", "stats")}
     if run_path:
         branch = checkpoint.branch_after(checkpoint.checkpoint_dir(run_path), meta["progress"].get("branch", 0),

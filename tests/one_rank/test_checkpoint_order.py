@@ -1,7 +1,10 @@
 """Tier 2: checkpoints ordered by when they were written on the live branch (issue 33)."""
 from __future__ import annotations
 
+import pytest
+
 from hvdtrain.config.train_config import load_config
+from hvdtrain.errors import UserError
 from hvdtrain.train import checkpoint
 from hvdtrain.train.trainer import fit
 
@@ -44,3 +47,12 @@ def test_an_unreadable_newest_checkpoint_is_moved_aside_and_holds_no_keep_slot(t
     assert (folder / "ckpt-000000018.pt.unreadable").read_bytes() == b"not a checkpoint"
     assert [s for s, _ in steps_kept(folder)] == [24]
     assert isinstance(checkpoint.load(checkpoint.candidates(folder)[0])["model"], dict)
+
+
+def test_resuming_with_another_seed_is_refused(tmp_path, one_worker):
+    """Review defect: --seed 7 over a seed-42 run re-split train and held-out data with no word."""
+    base = dict(SMALL, run_dir=str(tmp_path), name="run")
+    fit(load_config(**base, max_steps=6))
+    with pytest.raises(UserError, match=r"seed .*--seed 42"):
+        newest = checkpoint.candidates(tmp_path / "run" / "checkpoints")[0]
+        fit(load_config(**base, max_steps=12, seed=7, resume=str(newest)))
