@@ -56,13 +56,15 @@ def tags(run_dir: Path, config: TrainConfig, *, backend: str = "", device: str =
     import torch
 
     me = process.current()
-    launched = process.from_env(os.environ)
+    if not backend:  # who started the workers says how they talk: horovodrun --gloo sets HOROVOD_*, MPI its own
+        launched = process.from_env(os.environ)
+        backend = ("one process" if me.size == 1 else "Gloo" if launched and launched.launcher == "gloo"
+                   else "MPI" if launched and launched.launcher in ("openmpi", "mpich", "pmix") else "unknown")
     if not device:  # the trainer's rule (train/device.py): auto is CUDA when torch sees a GPU
         device = "cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu"
     return {"hvdtrain.version": _version("hvdtrain"), "horovod.version": _version("horovod"),
-            "torch.version": torch.__version__, "launcher": launched.launcher if launched else "none",
-            "backend": backend or ("one process" if me.size == 1 else "unknown"),
-            "workers": str(me.size), "hosts": str(-(-me.size // max(1, me.local_size))), "device": device,
+            "torch.version": torch.__version__, "backend": backend, "workers": str(me.size),
+            "hosts": str(-(-me.size // max(1, me.local_size))), "device": device,
             "run_dir": str(run_dir.resolve())}
 
 
