@@ -8,7 +8,8 @@ from the discovery output leave every worker blocked in its re-rendezvous with n
 and waits HOROVOD_ELASTIC_TIMEOUT (600 s) for slots while the survivors block. A thread here watches the
 driver: below --min-np for --start-timeout seconds (the time a replacement host gets to start), it
 prints one line naming the hosts that left, stops the driver (which terminates the workers) and exits 1.
-Workers see the same bound (WAIT_ENV): the old rank 0 saves the last commit while waiting (train/elastic.py).
+Workers see the same bound (WAIT_ENV): the old rank 0 saves the last commit while waiting (train/elastic.py);
+with enough slots (a joining host still loading its data) they wait on, as the world can still form.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import time
 from typing import Any
 
 WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
+# Tells workers this driver bounds the wait by the slots (vs --min-np), so they need no fixed bound of their own.
+WATCHED_ENV = "HVDTRAIN_ELASTIC_WATCHED"
 POLL_S = 1.0
 GRACE_S = 45.0   # after giving up: Horovod terminates its workers (SIGTERM, SIGKILL 5 s later) well within this
 
@@ -87,6 +90,7 @@ def main(argv: list[str]) -> int:
         logging.basicConfig(level=logging.getLevelName(args.log_level))
     wait_s = args.start_timeout or int(os.environ.get("HOROVOD_START_TIMEOUT", "30"))
     os.environ[WAIT_ENV] = str(wait_s)   # horovodrun forwards its environment to the workers
+    os.environ[WATCHED_ENV] = "1"
     watches: list[BelowMinNpWatch] = []
     original_init = hvd_driver.ElasticDriver.__init__
 

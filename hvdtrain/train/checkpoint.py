@@ -75,6 +75,29 @@ def save(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path
     return final
 
 
+def save_new(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path | None:
+    """As save, but only where no checkpoint of this step exists or is being written (then None): for a
+    survivor's one-worker save beside rank 0, whose all-worker file of the same step must win."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / file_name(step, payload.get("progress", {}).get("branch", 0))
+    writing = final.with_name(f".{final.name}.tmp")     # atomic_write's temp name: rank 0 is mid-write
+    if final.exists() or writing.exists():
+        return None
+    # Not through the final name's temp file (rank 0 may start one now) and no sweep of temp files (rank 0's);
+    # the link below fails rather than replace a file rank 0 renamed there meanwhile.
+    staged = atomic_write(directory / f".survivor-{final.name}",
+                          lambda handle: torch.save({"format": FORMAT, **payload}, handle))
+    try:
+        os.link(staged, final)
+    except FileExistsError:
+        return None
+    finally:
+        staged.unlink(missing_ok=True)
+    for old in candidates(directory)[keep:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
 def _order(path: Path) -> tuple[int, int]:
     match = _NAME.match(path.name)
     assert match is not None

@@ -21,13 +21,16 @@ from hvdtrain.output.console import console
 from hvdtrain.train import checkpoint
 from hvdtrain.train.progress import Progress
 
-# Set by `hvdtrain launch` to its --start-timeout: how long a job may wait below --min-np for hosts.
+# Set by `hvdtrain launch` to its --start-timeout: how long a job may wait below --min-np for hosts. Its
+# driver ends the job then (launcher/elastic_driver.py), so workers wait as long as the world can form.
 WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
 DEFAULT_WAIT_S = 120.0
 # A normal recovery re-forms the world in seconds; still waiting after this, the old rank 0 saves the last commit.
 SAVE_AFTER_S = 10.0
-# After the launcher's bound: the launcher (hvdtrain launch) has ended the job by now; under plain
-# horovodrun nothing else would, so each worker gives up on its own.
+# Set by `hvdtrain launch`'s driver, which watches the slots.
+WATCHED_ENV = "HVDTRAIN_ELASTIC_WATCHED"
+# Under plain horovodrun (no WATCHED_ENV) nothing watches the slots, so each worker gives up on its own
+# this long after the wait bound.
 GIVE_UP_EXTRA_S = 30.0
 
 
@@ -46,8 +49,9 @@ class Loop(Protocol):
     def zero_stats(self) -> torch.Tensor:
         """Empty metric sums in this run's layout."""
 
-    def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]]) -> str | None:
-        """Write `p` as rank 0 would, with each rank's (RNG state, metric sums); returns the path."""
+    def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
+        """Write `p` as rank 0 would, with each rank's (RNG state, metric sums); returns the path.
+        replace=False: None, writing nothing, where this step's checkpoint exists or is being written."""
 
 
 class ElasticRun:
@@ -67,6 +71,7 @@ class ElasticRun:
         self._own_stats: Any = None
         self._final: Progress | None = None
         self._claim: Path | None = None     # this rank saves the last commit while waiting (see below)
+        self.size = 0                       # workers at the last (re)start, to tell when some were lost
         # The timers' callbacks act only while the world is re-forming, and training waits for one that runs.
         self._reset_lock = threading.Lock()
         self._resetting = False
@@ -98,7 +103,7 @@ class ElasticRun:
         state = self.state
         plan, found = state.start["plan"], state.start["resume"]
         # Metric sums are per rank: a survivor keeps its own, a worker that just joined starts from zero.
-        self.rank = runtime.world().rank
+        self._note_world()
         p.stats = self._own_stats if self._own_stats is not None else self.loop.zero_stats()
         self._own_stats = None
         # On every rank at once (the verdict came by the sync); rank 0 may be another process than at the start.
@@ -114,14 +119,24 @@ class ElasticRun:
         """Workers joined or left: keep this rank's own sums, re-shard the rest of the epoch, rescale the LR."""
         # The sync that follows hands every rank rank 0's sums, which would count rank 0's share once per worker.
         self._own_stats = self.state.progress.stats
-        self.loop.resize(runtime.world())
+        world, committed = runtime.world(), self.state.progress
+        lost = self.size - world.size   # joins at the same reset hide leaves: a lower bound
+        if lost > 0 and committed.position and world.is_root:
+            console.error(f"note: {lost} worker(s) left in epoch {committed.epoch + 1}: its train metrics leave out "
+                          "their share of the samples so far (train_samples in metrics.jsonl says how many count)")
+        self.loop.resize(world)
+
+    def _note_world(self) -> None:
+        world = runtime.world()
+        self.rank, self.size = world.rank, world.size
 
     @contextmanager
     def _waiting_for_world(self) -> Iterator[None]:
         """Around Horovod's re-forming of the world: below --min-np it may never end (horovod#3494)."""
         wait_s = float(os.environ.get(WAIT_ENV) or DEFAULT_WAIT_S)
-        timers = [threading.Timer(min(SAVE_AFTER_S, wait_s / 2), self._save_last_commit),
-                  threading.Timer(wait_s + GIVE_UP_EXTRA_S, self._give_up, args=(wait_s + GIVE_UP_EXTRA_S,))]
+        timers = [threading.Timer(min(SAVE_AFTER_S, wait_s / 2), self._save_last_commit)]
+        if not os.environ.get(WATCHED_ENV):   # else the driver ends the job if the world cannot form, and only then
+            timers.append(threading.Timer(wait_s + GIVE_UP_EXTRA_S, self._give_up, args=(wait_s + GIVE_UP_EXTRA_S,)))
         self._resetting = True
         for timer in timers:
             timer.daemon = True
@@ -162,7 +177,10 @@ class ElasticRun:
             return
         self._claim = claim
         # This rank's RNG state and metric sums alone: the file reads as a one-worker run (see resume.py).
-        path = self.loop.write_checkpoint(p, [(checkpoint.rng_state(), p.stats)])
+        path = self.loop.write_checkpoint(p, [(checkpoint.rng_state(), p.stats)], replace=False)
+        if path is None:   # rank 0's, from all workers, is there or on its way: it holds more than ours
+            console.error(f"note: rank {self.rank} left the last commit (step {p.step}) to rank 0's checkpoint")
+            return
         console.error(f"note: the workers have not re-formed after {SAVE_AFTER_S:g} s; in case they never do, "
                       f"rank {self.rank} saved the last commit (step {p.step}) to {path}")
 

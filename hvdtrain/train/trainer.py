@@ -374,16 +374,17 @@ class Trainer:
         per_rank = collectives.allgather_object((checkpoint.rng_state(), p.stats), name="checkpoint_gather")
         return self.write_checkpoint(p, per_rank) if self.world.is_root else None
 
-    def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]]) -> str | None:
-        """Write as rank 0, with each rank's (RNG state, metric sums); one entry reads as a 1-worker run."""
+    def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
+        """Write as rank 0, with each rank's (RNG state, metric sums); one entry reads as a 1-worker run.
+        replace=False (an elastic survivor): nothing where this step's checkpoint exists or is being written."""
         if not self.run_path:
             return None
-        path = checkpoint.save(checkpoint.checkpoint_dir(self.run_path), p.step, {
+        path = (checkpoint.save if replace else checkpoint.save_new)(checkpoint.checkpoint_dir(self.run_path), p.step, {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "progress": p.values(stats=False), "world_size": len(per_rank),
             "rng": [r for r, _ in per_rank], "stats": [s for _, s in per_rank], "config": self.config.to_dict(),
             **({"scaler": self.scaler.state_dict()} if self.scaler else {})}, self.config.keep_checkpoints)
-        return str(path)
+        return str(path) if path else None
 
     def _check_work_left(self, p: Progress, end_epoch: int) -> None:
         config = self.config

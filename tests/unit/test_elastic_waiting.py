@@ -1,0 +1,108 @@
+"""Tier 1: what a survivor does while the elastic world re-forms (issue 33), with stand-ins for Horovod."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hvdtrain.environment.process import Process
+from hvdtrain.train import checkpoint, elastic
+from hvdtrain.train.elastic import ElasticRun
+from hvdtrain.train.progress import Progress
+
+
+class FakeLoop:
+    """Writes as Trainer.write_checkpoint does, with a marker telling the survivor's file from rank 0's."""
+
+    def __init__(self, run_path: Path) -> None:
+        self.run_path = run_path
+        self.resized: list[int] = []
+
+    def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
+        writer = checkpoint.save if replace else checkpoint.save_new
+        path = writer(checkpoint.checkpoint_dir(self.run_path), p.step,
+                      {"progress": p.values(stats=False), "workers": len(per_rank)}, 3)
+        return str(path) if path else None
+
+    def resize(self, world: Any) -> None:
+        self.resized.append(world.size)
+
+
+def survivor(tmp_path: Path, step: int = 10) -> tuple[ElasticRun, FakeLoop]:
+    loop = FakeLoop(tmp_path)
+    run = ElasticRun(loop, torch.nn.Linear(1, 1), torch.optim.SGD([torch.zeros(1)], lr=0.1), {})  # type: ignore[arg-type]
+    run.state = type("State", (), {})()
+    run.state.start = {"plan": {"path": str(tmp_path)}}
+    run.state.progress = Progress(step=step, position=40, stats=torch.zeros(3))
+    return run, loop
+
+
+def test_the_last_commit_save_never_replaces_an_all_worker_checkpoint(tmp_path):
+    run, loop = survivor(tmp_path)
+    loop.write_checkpoint(run.state.progress, [("rng", "stats")] * 4)        # rank 0's, from all 4 workers
+    run._save_while_waiting()
+    saved = torch.load(tmp_path / "checkpoints" / "ckpt-000000010.pt", weights_only=True)
+    assert saved["workers"] == 4
+
+
+def test_the_last_commit_save_leaves_rank_0s_write_in_progress_alone(tmp_path):
+    """Review defect: the survivor's save swept `.ckpt-*.tmp`, deleting rank 0's half-written file."""
+    run, _ = survivor(tmp_path)
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    writing = folder / ".ckpt-000000010.pt.tmp"
+    writing.write_bytes(b"rank 0 is writing this")
+    run._save_while_waiting()
+    assert writing.read_bytes() == b"rank 0 is writing this"
+    assert not (folder / "ckpt-000000010.pt").exists()   # rank 0's rename will put the all-worker one there
+
+
+def test_the_last_commit_is_saved_when_no_checkpoint_holds_it(tmp_path, capsys):
+    run, _ = survivor(tmp_path)
+    run._save_while_waiting()
+    saved = torch.load(tmp_path / "checkpoints" / "ckpt-000000010.pt", weights_only=True)
+    assert saved["workers"] == 1 and "saved the last commit (step 10)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("driver_watching, gives_up", [(True, False), (False, True)])
+def test_workers_give_up_on_their_own_only_when_no_driver_watches_the_slots(monkeypatch, tmp_path,
+                                                                            driver_watching, gives_up):
+    """Review defect: workers gave up start-timeout + 30 s after a reset even with enough slots (a joining
+    host still loading its data ended the job); `hvdtrain launch`'s driver ends it when below --min-np."""
+    timers: list[Any] = []
+
+    class Timer:
+        def __init__(self, interval: float, function: Any, args: tuple[Any, ...] = ()) -> None:
+            self.function = function
+            timers.append(self)
+
+        def start(self) -> None:
+            pass
+
+        def cancel(self) -> None:
+            pass
+
+    monkeypatch.setattr(elastic.threading, "Timer", Timer)
+    if driver_watching:
+        monkeypatch.setenv(elastic.WATCHED_ENV, "1")
+    else:
+        monkeypatch.delenv(elastic.WATCHED_ENV, raising=False)
+    monkeypatch.setenv(elastic.WAIT_ENV, "30")
+    run, _ = survivor(tmp_path)
+    with run._waiting_for_world():
+        pass
+    assert any(t.function == run._give_up for t in timers) == gives_up
+    assert any(t.function == run._save_last_commit for t in timers)
+
+
+def test_a_worker_lost_mid_epoch_is_reported_with_the_metric_sums_it_took(monkeypatch, tmp_path, capsys):
+    run, loop = survivor(tmp_path)
+    monkeypatch.setattr(elastic.runtime, "world", lambda: Process(0, 4, 0, 4, "horovod"))
+    run._note_world()
+    monkeypatch.setattr(elastic.runtime, "world", lambda: Process(0, 3, 0, 3, "horovod"))
+    run._on_reset()
+    err = capsys.readouterr().err
+    assert loop.resized == [3]
+    assert err.count("\n") == 1 and "1 worker(s) left" in err and "epoch 1" in err and "train metrics" in err
