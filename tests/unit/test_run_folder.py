@@ -1,8 +1,15 @@
 """Run folders and files that two runs could share: whole files, and one run per folder."""
 from __future__ import annotations
 
+import fcntl
+import logging
+import os
+import socket
+
 import pytest
 
+from hvdtrain.errors import UserError
+from hvdtrain.output import claim
 from hvdtrain.output.files import atomic_write
 
 
@@ -14,3 +21,64 @@ def test_atomic_write_removes_its_temp_file_whatever_the_writer_raises(tmp_path)
     with pytest.raises(ValueError):
         atomic_write(tmp_path / "summary.json", broken)
     assert list(tmp_path.iterdir()) == []
+
+
+def hold_like_another_run(folder, owner=b"pid 4242 on elsewhere"):
+    """A second open file description: flock treats it as another process's lock."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / claim.LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.pwrite(fd, owner, 0)
+    return fd
+
+
+def test_a_folder_another_run_holds_is_refused_in_one_line_and_left_as_it_was(tmp_path):
+    run = tmp_path / "same-name"
+    fd = hold_like_another_run(run)
+    try:
+        for fresh in (True, False):  # a new run and a resume alike
+            with pytest.raises(UserError, match=r"^run directory .*same-name is in use by another run "
+                                                r"\(pid 4242 on elsewhere\); pass a new --name") as err:
+                claim.claim(run, fresh=fresh)
+            assert "\n" not in str(err.value)
+        assert sorted(p.name for p in run.iterdir()) == [claim.LOCK]
+        assert (run / claim.LOCK).read_bytes() == b"pid 4242 on elsewhere"
+    finally:
+        os.close(fd)
+
+
+def test_a_new_run_is_refused_a_folder_that_holds_a_run_and_adds_nothing_to_it(tmp_path):
+    run = tmp_path / "done"
+    run.mkdir()
+    (run / "config.yaml").write_text("epochs: 1\n")
+    with pytest.raises(UserError, match="already holds a run; pass a new --name, or --resume auto"):
+        claim.claim(run, fresh=True)
+    assert [p.name for p in run.iterdir()] == ["config.yaml"]
+    token = claim.claim(run, fresh=False)  # its own resume is welcome
+    claim.release(run, token)
+    assert [p.name for p in run.iterdir()] == ["config.yaml"]
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_note(tmp_path, caplog):
+    run = tmp_path / "killed"
+    os.close(hold_like_another_run(run, b"pid 999999 on this-host"))  # closing drops the flock, as death does
+    (run / "config.yaml").write_text("epochs: 1\n")
+    with caplog.at_level(logging.INFO, logger="hvdtrain"):
+        token = claim.claim(run, fresh=False)
+    assert "was locked by a run that is gone (pid 999999 on this-host); taking it over" in caplog.text
+    assert (run / claim.LOCK).read_text() == f"pid {os.getpid()} on {socket.gethostname()}"
+    claim.release(run, token)
+    assert [p.name for p in run.iterdir()] == ["config.yaml"]
+
+
+def test_release_leaves_no_trace_of_a_run_that_wrote_nothing_and_only_its_own_claim(tmp_path):
+    first, first_token = claim.claim_new(tmp_path, "mlp-digits-20250101-000000")
+    second, second_token = claim.claim_new(tmp_path, "mlp-digits-20250101-000000")  # the same second
+    assert (first.name, second.name) == ("mlp-digits-20250101-000000", "mlp-digits-20250101-000000-2")
+    claim.release(first, first_token)
+    assert not first.exists()  # made by the claim and never written: gone
+    again = claim.claim(second, fresh=True)  # this process's next run there takes its claim over...
+    claim.release(second, second_token)      # ...so the earlier run's late release leaves it be
+    assert (second / claim.LOCK).exists()
+    claim.release(second, again)
+    assert not second.exists()
