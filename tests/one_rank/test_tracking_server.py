@@ -1,0 +1,113 @@
+"""A team's MLflow server, for real: `mlflow server` on loopback (sqlite backend) started here and killed by
+PID. A run is logged over HTTP by MLFLOW_TRACKING_URI alone (auto picks mlflow); a server killed mid-run
+costs one warning, and the run finishes with its files whole. (Issue 27.)"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import BIN, EQUIV, PLUGINS_DIR, ROOT, kill_tree, show
+
+pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+WARNING = "hvdtrain: warning: tracking:"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """http://127.0.0.1:PORT of a fresh server; it and its workers are killed by PID at the end."""
+    port = free_port()
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                             "--artifacts-destination", str(tmp_path / "server-artifacts")],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(0.5)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc, 9)
+        log.close()
+
+
+def train(run_dir: Path, name: str, extra: list[str], url: str) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a one-process run that finds its tracker by MLFLOW_TRACKING_URI."""
+    env = dict(os.environ, MLFLOW_TRACKING_URI=url, PYTHONPATH=str(PLUGINS_DIR), PYTHONUNBUFFERED="1")
+    return [sys.executable, "-m", "hvdtrain", *EQUIV, "--max-steps", "0", "--tensorboard", "false",
+            "--run-dir", str(run_dir), "--name", name, *extra], env
+
+
+def test_a_run_is_logged_over_http_when_mlflow_tracking_uri_names_a_server(tmp_path, mlflow_server):
+    url, _ = mlflow_server
+    command, env = train(tmp_path / "runs", "over-http", ["--epochs", "1"], url)
+    proc = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, show(proc)
+    assert "warning" not in proc.stdout + proc.stderr, show(proc)
+    client = MlflowClient(url)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.run_name for r in runs] == ["over-http"]
+    run_id = runs[0].info.run_id
+    assert runs[0].data.params["tracking"] == "mlflow"  # auto, resolved by the variable
+    lines = (tmp_path / "runs" / "over-http" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")) == sorted(
+        (r["step"], r["loss"]) for r in records if r["kind"] == "train")
+    assert {"config.yaml", "summary.json", "model.safetensors"} <= {a.path for a in client.list_artifacts(run_id)}
+    assert not (tmp_path / "runs" / "mlflow.db").exists()  # the server's store, not the embedded one
+
+
+def test_a_server_killed_mid_run_is_one_warning_and_the_run_finishes_whole(tmp_path, mlflow_server):
+    url, server = mlflow_server
+    run_dir = tmp_path / "runs" / "server-dies"
+    command, env = train(tmp_path / "runs", "server-dies",
+                         ["--model", "faults:slow_mlp", "--epochs", "8", "--log-interval", "2"], url)
+    env["FAULTS_SLEEP_S"] = "0.04"  # ~10 s of steps: the server dies while they run
+    log = tmp_path / "train.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            client = MlflowClient(url)
+            deadline = time.monotonic() + 120
+            while not ((run_dir / "tracking.json").exists() and client.get_metric_history(
+                    json.loads((run_dir / "tracking.json").read_text())["run_id"], "train/loss")):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+            kill_tree(server, 9)
+            killed_at = time.time()
+            assert proc.wait(timeout=180) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc, 9)
+    output = log.read_text()
+    assert output.count(WARNING) == 1, output
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["time"] for r in records if r["kind"] == "train") > killed_at, "the server died after training"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs_run"] == 8 and records[-1]["kind"] == "summary"
+    assert (run_dir / "model.safetensors").stat().st_size > 0 and (run_dir / "curves.png").exists()
