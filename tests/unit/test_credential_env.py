@@ -20,11 +20,14 @@ from hvdtrain.launcher.secrets import (
 
 CREDENTIALS = ["HF_TOKEN", "GITHUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                "AWS_SESSION_ID", "DB_PASSWORD", "PGPASSWORD", "ghtoken", "MY_SECRET", "GOOGLE_APPLICATION_CREDENTIALS",
-               "OPENAI_APIKEY", "GITHUB_PAT", "ssh_key_passphrase", "HVDTRAIN_TEST_SECRET_TOKEN", "SECRET"]
+               "OPENAI_APIKEY", "GITHUB_PAT", "ssh_key_passphrase", "HVDTRAIN_TEST_SECRET_TOKEN", "SECRET",
+               # experiment trackers' (issue 27): never on a Gloo worker's command line
+               "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD"]
 NOT_CREDENTIALS = ["PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME", "KEYBOARD", "MONKEY_COUNT",
                    "TOKENIZERS_PARALLELISM", "PWD", "HOROVOD_SECRET_KEY", "HOROVOD_GLOO_TIMEOUT_SECONDS",
                    SECRETS_FILE_ENV, "OMP_NUM_THREADS", "KEYCLOAK_URL", "PASSAGE_LIMIT",
-                   "AWS_REGION", "AWS_CA_BUNDLE", "AWS_PROFILE"]
+                   "AWS_REGION", "AWS_CA_BUNDLE", "AWS_PROFILE", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
+                   "WANDB_MODE"]
 
 
 @pytest.mark.parametrize("name", CREDENTIALS)
@@ -87,3 +90,11 @@ def test_leak_warning_only_for_credentials_that_came_on_a_gloo_command_line():
     assert "\n" not in warning
     assert leak_warning(gloo, loaded=["DB_PASSWORD", "HF_TOKEN"]) is None
     assert leak_warning({"OMPI_COMM_WORLD_RANK": "0", "HF_TOKEN": "x"}, loaded=[]) is None
+
+
+def test_tracker_credentials_reach_workers_in_the_file_and_their_settings_on_the_command_line(tmp_path):
+    env, path, names = worker_env({"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_TRACKING_TOKEN": "tok",
+                                   "MLFLOW_TRACKING_PASSWORD": "pw", "WANDB_API_KEY": "key"}, tmp_path)
+    assert names == ["MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY"] and path is not None
+    assert env == {"MLFLOW_TRACKING_URI": "http://mlflow:5000", SECRETS_FILE_ENV: str(path)}
+    assert read_secrets_file(path)["MLFLOW_TRACKING_TOKEN"] == "tok"
