@@ -147,6 +147,15 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | 
     Returns:
         (state_dict, the checkpoint's config as a dict, or None for a plain state dict).
     """
+    if Path(path).suffix == ".safetensors":      # model.safetensors / best.safetensors: no pickle at all
+        from safetensors.torch import load_file
+
+        if not Path(path).is_file():
+            raise UserError(f"checkpoint {path} does not exist")
+        try:
+            return load_file(path), None
+        except Exception as err:
+            raise UserError(f"{path} is not a readable safetensors file ({first_line(err, 160)})") from None
     payload = _torch_load(path, "checkpoint")  # once: a checkpoint can be as large as the model and optimizer
     if isinstance(payload, dict) and "format" in payload:
         if payload["format"] != FORMAT:  # the same words as load()

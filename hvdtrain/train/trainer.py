@@ -39,7 +39,7 @@ from hvdtrain.train.precision import autocast, check_precision, make_scaler
 from hvdtrain.train.progress import Progress
 from hvdtrain.train.resume import apply_resume, read_on_root
 from hvdtrain.train.signals import STOP, agreed_signal, stop_flags
-from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, run_step
+from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, labels_in_range, run_step
 
 AfterEpoch = Callable[[dict[str, Any]], bool]
 
@@ -244,8 +244,14 @@ class Trainer:
                     group["lr"] = base_lr * lr_factor
                 self.optimizer.zero_grad()  # torch 2.x sets grads to None (Horovod's wrapper takes no args)
                 step_parts = []
+            batch = to_device(batch, self.device)
             with autocast(config.precision, self.device):
-                out = run_step(self.model, to_device(batch, self.device), self.loss_fn, self.step_fn)
+                try:
+                    out = run_step(self.model, batch, self.loss_fn, self.step_fn)
+                except Exception:
+                    if self.step_fn is None:
+                        labels_in_range(self.model, batch)  # a bad label past the probe batch: one line
+                    raise
             # Each micro-batch weighs its share of the step's samples: K batches of b make one of K*b.
             weight = out.n / step_samples(micro, config.batch_size, config.accumulate, shard_len)
             share = out.loss if weight == 1.0 else out.loss * weight

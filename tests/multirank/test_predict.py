@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, horovodrun, show
+from safetensors.torch import save_file
 
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.data.datasets import build_data
@@ -32,6 +33,7 @@ def trained(tmp_path_factory):
                root / "ckpt-000000010.pt")
     (root / "run").mkdir()
     torch.save(model.state_dict(), root / "run" / "model.pt")
+    save_file(model.state_dict(), root / "run" / "model.safetensors")
     (root / "run" / "config.yaml").write_text(to_yaml(config))
     inputs = torch.stack([data.val[i][0] for i in range(len(data.val))])
     with torch.no_grad():
@@ -67,6 +69,13 @@ def test_one_process_and_a_process_pool_agree(trained, tmp_path):
     assert pool.returncode == 0, show(pool)
     assert "wrote 1001 predictions" in pool.stdout and "3 processes" in pool.stdout
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "pool.npy")), expected, atol=1e-6, rtol=0)
+
+
+def test_safetensors_weights_predict_the_same(trained, tmp_path):
+    root, expected = trained
+    proc = run_predict("--checkpoint", str(root / "run" / "model.safetensors"), "--out", str(tmp_path / "st.pt"))
+    assert proc.returncode == 0, show(proc)
+    torch.testing.assert_close(torch.load(tmp_path / "st.pt", weights_only=True), expected, atol=1e-6, rtol=0)
 
 
 def test_interleave_restores_the_order_of_uneven_shards():
