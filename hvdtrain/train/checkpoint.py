@@ -32,18 +32,21 @@ def checkpoint_dir(run_path: str | Path) -> Path:
     return Path(run_path) / "checkpoints"
 
 
-def rng_state() -> dict[str, Any]:
-    """This process's random number generators, as tensors and plain values."""
+def rng_state(loader: torch.Generator | None = None) -> dict[str, Any]:
+    """This process's random number generators, as tensors and plain values; with the training loader's
+    (it draws its workers' seeds each epoch: restored, random augmentations continue, not restart)."""
     _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     assert not isinstance(keys, str)  # the legacy form is a tuple with an array of keys
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
                              "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
+    if loader is not None:
+        state["loader"] = loader.get_state()
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], loader: torch.Generator | None = None) -> None:
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -51,6 +54,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+    if loader is not None and "loader" in state:
+        loader.set_state(state["loader"])
 
 
 def file_name(step: int, branch: int = 0) -> str:

@@ -103,8 +103,9 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
 
 
 def apply_resume(found: dict[str, Any], progress: Any, world: runtime.World,
-                 scaler: torch.amp.GradScaler | None = None) -> str | None:
-    """This rank's share of what rank 0 read: progress, its RNG state and metric sums, the loss scale."""
+                 scaler: torch.amp.GradScaler | None = None, loader_rng: torch.Generator | None = None) -> str | None:
+    """This rank's share of what rank 0 read: progress, its RNG states (the loader's too: `loader_rng`, on the
+    same number of workers) and metric sums, the loss scale."""
     if found.get("error"):
         raise UserError(found["error"])
     meta = found["payload"]
@@ -117,16 +118,18 @@ def apply_resume(found: dict[str, Any], progress: Any, world: runtime.World,
     old_size = meta["world_size"]
     if old_size == world.size:
         progress.stats = meta["stats"][world.rank]
-        checkpoint.set_rng_state(meta["rng"][world.rank])
+        checkpoint.set_rng_state(meta["rng"][world.rank], loader_rng)
         how = "exactly where it stopped"
     else:
         # Sums are what metrics need; keep them once, on rank 0 (the others: zeros in the run's own layout).
         progress.stats = sum(meta["stats"]) if world.is_root else torch.zeros_like(meta["stats"][0])
+        # Not the loader's: its state belongs to one rank's stream of worker seeds (see data/loader.py).
         checkpoint.set_rng_state(meta["rng"][world.rank % old_size])
         how = (f"with {world.size} workers instead of {old_size}: the rest of epoch {progress.epoch + 1} "
                "is re-split across the new workers (every sample still seen once, but batches differ "
                "from an uninterrupted run)" if progress.position else
                f"at an epoch boundary with {world.size} workers instead of {old_size}")
+        how += "; random augmentations start from this run's seeds (their state is per worker)"
     note = f" ({found['note']})" if found["note"] else ""
     return (f"resumed from {found['path']} at epoch {progress.epoch + 1}, step {progress.step} "
             f"({progress.position} samples into the epoch), {how}{note}")

@@ -72,6 +72,8 @@ class Trainer:
         >>> trainer.evaluate()["val_acc"], trainer.predict(val_ds).shape
     """
 
+    resumed = False     # from a checkpoint: its epoch records may repeat some already in metrics.jsonl
+
     def __init__(self, model: nn.Module, train_data: Any, val_data: Any = None, *,
                  optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
                  step_fn: StepFn | None = None, metrics: Sequence[str | Metric] | None = None,
@@ -222,6 +224,9 @@ class Trainer:
                     self._checkpoint(p)
                 if self.elastic:
                     self.elastic.commit(p)
+            if config.max_steps and p.step >= config.max_steps and p.position and not (
+                    config.checkpoint_steps and p.step % config.checkpoint_steps == 0):
+                self._checkpoint(p)     # stopped mid-epoch: --resume (with a higher --max-steps) goes on from here
         finally:
             console.close_bar()
 
@@ -346,7 +351,10 @@ class Trainer:
                   # samples trained in this process's run of the epoch: not those restored from a checkpoint
                   "samples_per_s": seen_all / seconds if seconds else 0.0, "epoch_time_s": seconds,
                   "step_time_s": seconds / steps if steps else None}
-        if self.history and self.history[-1]["epoch"] == record["epoch"]:
+        redone = bool(self.history) and self.history[-1]["epoch"] == record["epoch"]
+        if redone or self.resumed:
+            record["resumed"] = True   # metrics.jsonl may hold this epoch already: readers keep the last
+        if redone:
             self.history[-1] = record  # elastic: the epoch's end was redone after a failure
         else:
             self.history.append(record)
@@ -377,7 +385,8 @@ class Trainer:
         """A collective: every rank contributes its RNG state and metric sums; rank 0 writes."""
         if not self.run_path:
             return None
-        per_rank = collectives.allgather_object((checkpoint.rng_state(), p.stats), name="checkpoint_gather")
+        per_rank = collectives.allgather_object((checkpoint.rng_state(self.loader.generator), p.stats),
+                                                name="checkpoint_gather")
         return self.write_checkpoint(p, per_rank) if self.world.is_root else None
 
     def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
@@ -405,7 +414,8 @@ class Trainer:
         if plan["error"]:
             raise UserError(plan["error"])
         self.run_path = plan["path"]
-        resumed = apply_resume(found, p, self.world, self.scaler) if found is not None else None
+        resumed = apply_resume(found, p, self.world, self.scaler, self.loader.generator) if found is not None else None
+        self.resumed = self.resumed or bool(found and found.get("payload"))
         if found is not None and end_epoch is not None:
             self._check_work_left(p, end_epoch)
         self._open_log(resumed)
