@@ -62,7 +62,10 @@ def main(args: list[str]) -> int:
         command = [sys.executable, "-m", "hvdtrain.launcher.elastic_driver"] if is_elastic(args) else [horovodrun()]
         proc = subprocess.Popen([*command, *args], env=env)
         # horovodrun passes SIGTERM on to its workers; Ctrl-C reaches it directly (same process group).
-        signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+        # A hangup stops the job the same way: left to its default, SIGHUP would end this process before
+        # the `finally` that removes the secrets file.
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, lambda _signum, _frame: proc.send_signal(signal.SIGTERM))
         while True:
             try:
                 return proc.wait()

@@ -43,7 +43,10 @@ def main(args: list[str]) -> int:
 
         STOP.install()   # SIGINT/SIGTERM: the ranks agree to stop the running trial; a re-run retries it
     else:
-        signal.signal(signal.SIGTERM, _interrupt)   # like Ctrl-C: stop the trial jobs, record them, exit
+        # Like Ctrl-C: stop the trial jobs, record them, remove the secrets file, exit. SIGHUP too: a closed
+        # terminal would otherwise end this process with no cleanup at all.
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, _interrupt)
     try:
         result = tune(parsed.space, config=config, **settings)
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ Nothing here imports Horovod; the calling process and the workers both use it.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from hvdtrain.environment import process
 from hvdtrain.errors import LaunchError, UserError
 
 SECRETS_FILE_ENV = "HVDTRAIN_SECRETS_FILE"
+_PREFIX = ".hvdtrain-secrets-"
 # Whole words of a variable's name (split at '_'), so KEYBOARD, MONKEY or TOKENIZERS_PARALLELISM do not match.
 CREDENTIAL_WORDS = frozenset({"TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE",
                               "CREDENTIAL", "CREDENTIALS", "KEY", "KEYS", "APIKEY", "PAT", "COOKIE"})
@@ -76,11 +78,36 @@ def write_secrets_file(secrets: Mapping[str, str], folder: Path) -> Path:
             raise LaunchError(f"variable {name} holds a line break and cannot go in a secrets file; "
                               "put its value in a file of its own and pass that file's path instead")
     folder.mkdir(parents=True, exist_ok=True)
-    # mkstemp creates the file 0600 from the start: no moment where it is readable by others.
-    handle, path = tempfile.mkstemp(prefix=".hvdtrain-secrets-", suffix=".env", dir=folder)
+    remove_leftovers(folder)
+    # mkstemp creates the file 0600 from the start: no moment where it is readable by others. The name
+    # carries host and PID, so a later launch can tell a killed launcher's file from a live one's.
+    handle, path = tempfile.mkstemp(prefix=f"{_PREFIX}{socket.gethostname()}-{os.getpid()}-", suffix=".env",
+                                    dir=folder)
     with os.fdopen(handle, "w") as out:
         out.write("".join(f"{name}={value}\n" for name, value in secrets.items()))
     return Path(path)
+
+
+def remove_leftovers(folder: Path) -> list[Path]:
+    """Delete secrets files in `folder` written on this host by launchers no longer running (kill -9 leaves
+    them, as no handler runs); returns them. Files of other hosts or of live processes are left alone."""
+    removed = []
+    for path in folder.glob(f"{_PREFIX}{socket.gethostname()}-*-*.env"):
+        pid = path.name[len(_PREFIX) + len(socket.gethostname()) + 1:].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True   # someone else's process
+    return True
 
 
 def read_secrets_file(path: Path) -> dict[str, str]:

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -98,3 +101,18 @@ def test_tracker_credentials_reach_workers_in_the_file_and_their_settings_on_the
     assert names == ["MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY"] and path is not None
     assert env == {"MLFLOW_TRACKING_URI": "http://mlflow:5000", SECRETS_FILE_ENV: str(path)}
     assert read_secrets_file(path)["MLFLOW_TRACKING_TOKEN"] == "tok"
+
+
+def test_a_killed_launchers_secrets_file_is_removed_by_the_next_launch_in_that_folder(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its PID is now dead: what kill -9 of a launcher leaves
+    host = socket.gethostname()
+    leftover = tmp_path / f".hvdtrain-secrets-{host}-{gone.pid}-abc123.env"
+    live = tmp_path / f".hvdtrain-secrets-{host}-{os.getpid()}-def456.env"   # a launcher still running
+    elsewhere = tmp_path / f".hvdtrain-secrets-other-host-{gone.pid}-ghi789.env"  # shared folder, other host
+    for path in (leftover, live, elsewhere):
+        path.write_text("HF_TOKEN=old\n")
+    _, path, _ = worker_env({"HF_TOKEN": "new"}, tmp_path)
+    assert not leftover.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, elsewhere.name, path.name])
+    assert path.name.startswith(f".hvdtrain-secrets-{host}-{os.getpid()}-")
