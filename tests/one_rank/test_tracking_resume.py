@@ -1,0 +1,50 @@
+"""kill -9, then --resume auto: the same MLflow run continues (its id kept in <run>/tracking.json), never a
+second one. Real MLflow, the embedded sqlite store. (Issue 27.)"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import EQUIV, PLUGINS_DIR, ROOT, kill_tree, show
+
+pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+
+def test_kill_9_then_resume_auto_continues_the_one_mlflow_run(tmp_path):
+    run_dir = tmp_path / "runs" / "killed"
+    command = [sys.executable, "-m", "hvdtrain", *EQUIV, "--max-steps", "0", "--epochs", "3", "--tensorboard",
+               "false", "--model", "faults:slow_mlp", "--checkpoint-steps", "4", "--run-dir", str(tmp_path / "runs"),
+               "--name", "killed", "--tracking", "mlflow"]
+    env = dict(os.environ, PYTHONPATH=str(PLUGINS_DIR), FAULTS_SLEEP_S="0.05", PYTHONUNBUFFERED="1")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run_dir / "tracking.json").exists() and list((run_dir / "checkpoints").glob("*.pt"))
+                   and client.get_metric_history(json.loads((run_dir / "tracking.json").read_text())["run_id"],
+                                                 "train/loss")):
+            assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()
+            time.sleep(0.2)
+    finally:
+        kill_tree(first, 9)
+        log.close()
+    run_id = json.loads((run_dir / "tracking.json").read_text())["run_id"]
+    env["FAULTS_SLEEP_S"] = "0"
+    second = subprocess.run([*command, "--resume", "auto"], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, show(second)
+    assert "warning" not in second.stdout + second.stderr, show(second)
+    assert f"continuing MLflow run {run_id}" in second.stdout, show(second)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.run_id for r in runs] == [run_id]
+    assert runs[0].info.status == "FINISHED"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = {m.step for m in client.get_metric_history(run_id, "train/loss")}
+    assert summary["steps"] in steps and min(steps) == 4  # the first process's steps and the resumed ones
