@@ -7,8 +7,8 @@ the block, loader worker w loads batches w, w+W, ... so the DataLoader's round-r
 order and no sample is read twice. A worker holds one row group at a time.
 
 Resuming: the trainer's position (samples processed by all ranks) gives each rank its offset in its
-block, so a run resumes at the right sample with the same number of workers (elastic resizing is not
-supported for streams).
+block, so a run resumes at the right sample with the same number of workers; mid-epoch on another
+number it is refused (check_resume), and elastic resizing is not supported for streams.
 """
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ def block(total: int, rank: int, size: int) -> tuple[int, int]:
     """[start, stop) of rank's block in the padded order (stop may pass `total`: it wraps around)."""
     length = math.ceil(total / size)
     return rank * length, (rank + 1) * length
+
+
+def check_resume(position: int, written_by: int, size: int) -> None:
+    """Refuse a mid-epoch resume on another number of workers: the `position` samples already trained are
+    the first position/written_by of each of written_by blocks, a set that `size` blocks cannot skip."""
+    if position and written_by != size:
+        raise UserError(f"cannot resume a stream mid-epoch ({position} samples in) with {size} workers: the "
+                        f"checkpoint was written by {written_by}, and its blocks are not theirs; resume with "
+                        f"{written_by} workers, or from a checkpoint at an epoch boundary")
 
 
 def worker_batches(start: int, stop: int, batch_size: int, worker: int, workers: int) -> Iterator[tuple[int, int]]:
@@ -96,6 +105,9 @@ class ParquetStream(IterableDataset):
             raise UserError(f"cannot resume a stream at position {start} with {self.size} workers; resume with "
                             "the number of workers that wrote the checkpoint")
         self.epoch, self.start = epoch, start
+
+    def check_resume(self, position: int, written_by: int) -> None:
+        check_resume(position, written_by, self.size)
 
     def shard_len(self) -> int:
         """Samples this rank still trains on this epoch."""

@@ -415,6 +415,8 @@ class Trainer:
             raise UserError(plan["error"])
         self.run_path = plan["path"]
         resumed = apply_resume(found, p, self.world, self.scaler, self.loader.generator) if found is not None else None
+        if self.streaming and found and found.get("payload"):  # before the resume line claims anything
+            self.train_data.check_resume(p.position, found["payload"]["world_size"])
         self.resumed = self.resumed or bool(found and found.get("payload"))
         if found is not None and end_epoch is not None:
             self._check_work_left(p, end_epoch)
