@@ -6,8 +6,9 @@ Layout under the store (a local or shared path, or a URL pyarrow/fsspec can open
     STORE/hvdtrain-data/KEY/val/...parquet     the held-out rows (when validation is asked for)
     STORE/hvdtrain-data/KEY/_meta.json         columns, classes, row counts; written last
 
-KEY is the run_id when given, else a digest of the DataFrame's plan (Spark's semanticHash), its
-schema, the chosen columns and the validation split: the same DataFrame fitted again reuses the files
+KEY is a digest (after the run_id, when given) of the DataFrame's plan (Spark's semanticHash), its
+schema, its input files (path, size, modification time), the chosen columns and the validation split:
+the same DataFrame over the same files fitted again reuses the files
 (a `_meta.json` is there), a changed one is written anew. Spark writes into a staging folder that is
 renamed when complete and removed on any error, so the store never holds a half-written dataset.
 """
@@ -116,12 +117,31 @@ def _is_vector(kind: Any) -> bool:
 
 def data_key(df: Any, feature_cols: list[str], label_cols: list[str], validation: Any, seed: int,
              run_id: str | None) -> str:
-    if run_id:
-        if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", run_id):
-            raise UserError(f"run_id {run_id!r} must be 1-100 letters, digits, '.', '_' or '-'")
-        return run_id
-    plan = [df.semanticHash(), df.schema.json(), feature_cols, label_cols, repr(validation), seed]
-    return "df-" + hashlib.sha256(json.dumps(plan, default=str).encode()).hexdigest()[:16]
+    """The store folder's name: a digest of what the data is and of every choice that shapes what is written.
+
+    A file scan's plan names its folder, not the files in it, so the files themselves (path, size,
+    modification time) are part of the digest: files added or rewritten give a new key, never a stale
+    reuse. With run_id the key is RUN_ID-DIGEST: a readable name that still changes with those choices.
+    """
+    if run_id and not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", run_id):
+        raise UserError(f"run_id {run_id!r} must be 1-100 letters, digits, '.', '_' or '-'")
+    plan = [df.semanticHash(), df.schema.json(), source_files(df.inputFiles()), feature_cols, label_cols,
+            repr(validation), seed]
+    digest = hashlib.sha256(json.dumps(plan, default=str).encode()).hexdigest()[:16]
+    return f"{run_id}-{digest}" if run_id else f"df-{digest}"
+
+
+def source_files(paths: list[str]) -> list[tuple[str, int, int]]:
+    """(path, size, mtime in ns) of each input file, sorted; size and mtime -1 where it cannot be stat'ed here."""
+    listing = []
+    for path in sorted(paths):
+        local = path[len("file:"):] if path.startswith("file:") else path
+        try:
+            info = os.stat(local)
+            listing.append((path, info.st_size, info.st_mtime_ns))
+        except OSError:
+            listing.append((path, -1, -1))  # a remote URL: its name still marks files added or removed
+    return listing
 
 
 def materialize(df: Any, store: str, feature_cols: list[str], label_cols: list[str], validation: float | str | None,
@@ -162,6 +182,7 @@ def materialize(df: Any, store: str, feature_cols: list[str], label_cols: list[s
         out = out.repartition(partitions)
     staging = f"{root}/{FOLDER}/.staging-{key}-{uuid.uuid4().hex[:8]}"
     created_root = not _exists(fs, root)
+    moved = False
     try:
         (out.write.mode("errorifexists").partitionBy(VAL_FLAG)
          .option("parquet.block.size", str(row_group_mb << 20))
@@ -178,6 +199,7 @@ def materialize(df: Any, store: str, feature_cols: list[str], label_cols: list[s
                             "mark some rows in the column, or validation=None")
         classes = _classes(fs, train_files, label_cols)
         fs.move(staging, final)
+        moved = True
         meta: dict[str, Any] = {"train_files": [f.replace(staging, final, 1) for f in train_files],
                 "val_files": [f.replace(staging, final, 1) for f in val_files],
                 "feature_cols": feature_cols, "label_cols": label_cols, "classes": classes,
@@ -185,7 +207,7 @@ def materialize(df: Any, store: str, feature_cols: list[str], label_cols: list[s
         _write_meta(fs, final, meta)
     except BaseException:
         _remove(fs, staging)
-        if _read_meta(fs, final) is None:  # moved but not yet marked complete
+        if moved and _read_meta(fs, final) is None:  # ours, moved but not marked complete; never another fit's
             _remove(fs, final)
         _remove_empty(fs, f"{root}/{FOLDER}")
         if created_root:
