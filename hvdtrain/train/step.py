@@ -60,10 +60,15 @@ def default_loss(choice: str, batch: Any) -> LossFn:
 LABEL_KEYS = ("labels", "label")
 
 
+def _forward_takes(kind: Any, name: str) -> bool:
+    return name in _forward_params(kind) or "**" in _forward_params(kind)
+
+
 @functools.cache
-def _forward_takes(kind: type, name: str) -> bool:
-    params = inspect.signature(kind.forward).parameters
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+def _forward_params(kind: Any) -> frozenset[str]:
+    """The keyword names `kind.forward` takes ("**" when it takes any); once per model class, not per step."""
+    params = inspect.signature(kind.forward).parameters.values()
+    return frozenset("**" if p.kind is p.VAR_KEYWORD else p.name for p in params)
 
 
 def model_inputs(model: nn.Module, batch: Mapping[str, Any]) -> dict[str, Any]:

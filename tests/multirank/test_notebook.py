@@ -10,11 +10,12 @@ from nbclient import NotebookClient
 NOTEBOOK = ROOT / "examples" / "notebooks" / "quickstart.ipynb"
 
 
-def test_notebook_is_stored_without_outputs():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None
+def test_notebooks_are_stored_without_outputs():
+    for path in sorted((ROOT / "examples" / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, path
 
 
 def test_quickstart_runs_in_a_real_kernel_and_reaches_the_target(tmp_path):
@@ -40,3 +41,15 @@ def test_your_own_model_notebook_trains_an_image_folder_and_dict_batches(tmp_pat
     batches = re.search(r"dict batches: held-out accuracy ([0-9.]+)", text)
     assert images and batches, text[-2000:]
     assert float(images.group(1)) >= 0.6 and float(batches.group(1)) >= 0.8
+
+
+def test_hugging_face_notebook_fine_tunes_bert_with_a_padding_collate_on_two_workers(tmp_path):
+    nb = nbformat.read(ROOT / "examples" / "notebooks" / "hugging_face.ipynb", as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    accuracy = re.search(r"hugging face: held-out accuracy on 2 workers: ([0-9.]+)", text)
+    assert accuracy and float(accuracy.group(1)) >= 0.9, text[-2000:]
+    assert "'hf'" in text and "'model.safetensors'" in text
+    reloaded = re.search(r"predictions (\[.*?\]) labels (\[.*?\])", text)
+    assert reloaded and reloaded.group(1) == reloaded.group(2), text[-1000:]   # the saved model is the trained one
