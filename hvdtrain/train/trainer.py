@@ -101,7 +101,7 @@ class Trainer:
         self.model = place(model, self.device, local_rank=world.local_rank, local_size=world.local_size,
                            stages=config.stages, split=config.stage_split, micro_batches=config.micro_batches)
         self.step_fn = step_fn
-        first = probe_batch(train_data, max(2, config.micro_batches), self.loading and self.loading.collate_fn)
+        first = probe_batch(train_data, max(2, config.micro_batches), self.loading.collate_fn if self.loading else None)
         self.loss_fn: LossFn = loss_fn or default_loss(config.loss, first)
         self.float_buffers = [] if config.sync_bn else [
             b for b in self.model.buffers() if b.is_floating_point()]
@@ -431,7 +431,7 @@ class Trainer:
             return
         self.announced = True
         if self.run_path:
-            self.log = RunLog(self.run_path, self.config)
+            self.log = RunLog(self.run_path, self.config, backend=runtime.backend_name(), device=self.device.type)
         console.banner(banner_lines(self.config, world=self.world, backend=runtime.backend_name(),
                                     device=self.device.type, train=len(self.train_data),
                                     held_out=len(self.val_data) if self.val_data is not None else 0,
