@@ -55,6 +55,37 @@ def balanced_split(sizes: Sequence[int], k: int) -> list[int]:
     return counts
 
 
+def assign_devices(local_rank: int, local_size: int, stages: int, visible: int) -> list[int]:
+    """The GPU indices one worker owns: `local_rank*stages ... local_rank*stages+stages-1`, never shared.
+
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected") at its first collective, so a host
+    with fewer visible GPUs than workers x stages is a one-line UserError here, before any collective.
+
+    Args:
+        local_rank: this worker's rank on its host.
+        local_size: the number of workers on this host.
+        stages: GPUs per worker (--stages).
+        visible: GPUs this process sees (torch.cuda.device_count()).
+    Returns:
+        The CUDA device indices of this worker's stages, first stage first.
+    Example:
+        >>> assign_devices(1, 2, 2, visible=4)
+        [2, 3]
+    """
+    need = local_size * stages
+    if need > visible:
+        most = visible // stages
+        fewer_stages = visible // max(local_size, 1)
+        fixes = [f"--stages {fewer_stages}" if 1 <= fewer_stages < stages else "",
+                 f"at most {most} worker{'s' * (most != 1)} per host (horovodrun -np {most} ...)" if most else "",
+                 "--device cpu"]
+        gpus = f"{visible} GPU{'s' * (visible != 1)}"
+        raise UserError(f"{local_size} worker{'s' * (local_size != 1)} on this host"
+                        + (f" x {stages} stages need {need} GPUs but {gpus} visible" if stages > 1
+                           else f" but {gpus} visible") + ": use " + " or ".join(f for f in fixes if f))
+    return [local_rank * stages + i for i in range(stages)]
+
+
 def stage_devices(kind: str, local_rank: int, local_size: int, k: int, visible_gpus: int) -> list[torch.device]:
     """The devices of one worker's stages: `local_rank*k ... local_rank*k+k-1` on CUDA, else CPU k times.
 
@@ -62,13 +93,7 @@ def stage_devices(kind: str, local_rank: int, local_size: int, k: int, visible_g
     """
     if kind != "cuda":
         return [torch.device("cpu")] * k
-    if k == 1:  # plain data parallel keeps the trainer's wrap-around placement
-        return [torch.device("cuda", local_rank % max(visible_gpus, 1))]
-    if local_size * k > visible_gpus:
-        raise UserError(f"{local_size} worker(s) on this host x {k} stages need {local_size * k} GPUs, "
-                        f"but {visible_gpus} are visible; use fewer workers per host (-np/-H slots), "
-                        "fewer --stages, or --device cpu")
-    return [torch.device("cuda", local_rank * k + i) for i in range(k)]
+    return [torch.device("cuda", i) for i in assign_devices(local_rank, local_size, k, visible_gpus)]
 
 
 class Pipeline(nn.Module):
@@ -138,7 +163,7 @@ def place(model: nn.Module, device: torch.device, *, local_rank: int, local_size
           split: Sequence[int] = (), micro_batches: int = 1) -> nn.Module:
     """The model on this worker's device(s): moved as a whole when stages == 1, else a Pipeline.
 
-    `device` is the first stage's device (the trainer's `pick_device` at local_rank * stages).
+    `device` is the first stage's device (the trainer's `pick_device`, from `assign_devices`).
     """
     if isinstance(model, Pipeline):
         return model  # placed by the caller

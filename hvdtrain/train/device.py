@@ -6,16 +6,23 @@ import os
 import torch
 
 from hvdtrain.errors import UserError
+from hvdtrain.models.pipeline import assign_devices
 
 
-def pick_device(choice: str, local_rank: int) -> torch.device:
+def pick_device(choice: str, local_rank: int, *, local_size: int = 1, stages: int = 1) -> torch.device:
+    """This worker's first device; with CUDA, pinned as the current device. `--device cpu` never starts CUDA.
+
+    Raises a one-line UserError when this host's workers x stages outnumber its visible GPUs: NCCL
+    would otherwise abort at the first broadcast ("Duplicate GPU detected").
+    """
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise UserError("device cuda was asked for but torch sees no CUDA device; use --device cpu")
-    # Horovod: one GPU per worker, chosen by its rank on this host.
-    torch.cuda.set_device(local_rank % torch.cuda.device_count())
-    return torch.device("cuda", torch.cuda.current_device())
+    # Horovod: one GPU per worker (K with --stages K), chosen by its rank on this host, never shared.
+    first = assign_devices(local_rank, local_size, stages, torch.cuda.device_count())[0]
+    torch.cuda.set_device(first)
+    return torch.device("cuda", first)
 
 
 def threads_per_worker(workers_on_host: int, cpu_count: int | None = None) -> int:

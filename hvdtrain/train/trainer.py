@@ -89,7 +89,7 @@ class Trainer:
         torch.set_num_threads(config.threads or threads_per_worker(world.local_size))
         keep_host_memory(config.keep_host_memory)  # a step's tensors reuse the last step's pages
         # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.
-        self.device = pick_device(config.device, world.local_rank * config.stages)
+        self.device = pick_device(config.device, world.local_rank, local_size=world.local_size, stages=config.stages)
         check_precision(config.precision, self.device)
         self.streaming = is_stream(train_data, elastic=config.elastic)
         check_fits(len(train_data), world.size)

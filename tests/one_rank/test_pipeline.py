@@ -26,7 +26,7 @@ def test_balanced_split_is_contiguous_non_empty_and_even():
 def test_stage_devices_hybrid_placement_and_validation():
     assert stage_devices("cuda", 1, 2, 2, visible_gpus=4) == [torch.device("cuda", 2), torch.device("cuda", 3)]
     assert stage_devices("cpu", 1, 2, 3, visible_gpus=0) == [CPU] * 3
-    with pytest.raises(UserError, match=r"2 worker\(s\) on this host x 2 stages need 4 GPUs, but 3 are visible"):
+    with pytest.raises(UserError, match=r"2 workers on this host x 2 stages need 4 GPUs but 3 GPUs visible"):
         stage_devices("cuda", 0, 2, 2, visible_gpus=3)
 
 
