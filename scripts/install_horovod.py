@@ -9,7 +9,8 @@ file). Horovod 0.28.1 does not compile against torch >= 2.1 as released: torch's
 while Horovod's torch extension asks for C++14, and linking a C++17 extension against the bundled
 gloo compiled as C++11 fails with duplicate `kDefaultTimeout` symbols. `apply_cxx17_fix` compiles
 the extension as C++17 and links it against a C++17 copy of gloo (the block Horovod already has for
-TensorFlow), which is what upstream master did after the last release.
+TensorFlow), which is what upstream master did after the last release. `apply_gcc13_fix` adds the
+standard includes g++ 13 (Ubuntu 24.04, the GPU image's base) needs in two of its headers.
 """
 from __future__ import annotations
 
@@ -89,11 +90,23 @@ PATCHES = {
     "horovod/torch/CMakeLists.txt": (_TORCH_STD, _TORCH_GLOO, _TORCH_EXPORT),
     "CMakeLists.txt": (_TOP_GLOO17, _TOP_ABI),
 }
+# g++ 13's libstdc++ no longer drags <cstdint>/<string>/<stdexcept> in through other standard headers;
+# 0.28.1's headers relied on that (fixed upstream after the release, horovod#3957). group_table.h is the
+# leaf every other header reaches (via message.h), common.h the one that throws std::logic_error.
+GCC13_MARKER = "// hvdtrain: includes that g++ 13 needs"
+HEADER_PATCHES = {
+    "horovod/common/group_table.h": ((
+        "#include <mutex>\n#include <queue>\n",
+        f"{GCC13_MARKER}\n#include <cstdint>\n#include <string>\n#include <mutex>\n#include <queue>\n"),),
+    "horovod/common/common.h": ((
+        "#include <functional>\n#include <memory>\n",
+        f"{GCC13_MARKER}\n#include <cstdint>\n#include <stdexcept>\n#include <functional>\n#include <memory>\n"),),
+}
 
 
-def patch_text(text: str, replacements: tuple[tuple[str, str], ...], name: str) -> str:
+def patch_text(text: str, replacements: tuple[tuple[str, str], ...], name: str, marker: str = CXX17_MARKER) -> str:
     """Apply each (old, new) exactly once; text already carrying the marker is returned as is."""
-    if CXX17_MARKER in text:
+    if marker in text:
         return text
     for old, new in replacements:
         count = text.count(old)
@@ -104,17 +117,23 @@ def patch_text(text: str, replacements: tuple[tuple[str, str], ...], name: str) 
     return text
 
 
-def apply_cxx17_fix(src_dir: Path) -> bool:
+def apply_cxx17_fix(src_dir: Path, patches: dict[str, tuple[tuple[str, str], ...]] = PATCHES,
+                    marker: str = CXX17_MARKER) -> bool:
     """Patch an unpacked horovod source tree in place. Returns False if it was already patched."""
     changed = False
-    for rel, replacements in PATCHES.items():
+    for rel, replacements in patches.items():
         path = src_dir / rel
         before = path.read_text()
-        after = patch_text(before, replacements, rel)
+        after = patch_text(before, replacements, rel, marker)
         if after != before:
             path.write_text(after)
             changed = True
     return changed
+
+
+def apply_gcc13_fix(src_dir: Path) -> bool:
+    """Add the standard includes g++ 13 needs to 0.28.1's headers. Returns False if already there."""
+    return apply_cxx17_fix(src_dir, HEADER_PATCHES, GCC13_MARKER)
 
 
 def parse_check_build(output: str) -> dict[str, bool]:
@@ -337,6 +356,7 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
     ensure_system_tools(log, use_apt)
     with tempfile.TemporaryDirectory(prefix="hvdtrain-horovod-") as tmp:
         src = download_sdist(python, Path(tmp), log)
+        apply_gcc13_fix(src)  # harmless for older compilers: only standard includes
         if needs_cxx17(torch_version):
             apply_cxx17_fix(src)
             say(f"torch {torch_version} needs C++17: applied hvdtrain's build fix")
