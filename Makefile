@@ -1,8 +1,10 @@
 # Two commands do all set-up on a fresh machine: `make run` and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
-# Override for CUDA, e.g. make setup TORCH_SPEC='torch==2.13.0' (with a CUDA index in PIP_INDEX_URL)
+# Override for CUDA, e.g. make setup TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+# (only the torch install uses that index; everything else still comes from PyPI)
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
 EXTRAS ?= dev,notebook,spark,tensorboard,tune,compress,hf,streaming,tracking
 NP ?= 2
 ARGS ?=
@@ -14,7 +16,7 @@ BIN := $(VENV)/bin
 setup: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/setup-env scripts/install-horovod
-	PYTHON='$(PYTHON)' VENV='$(VENV)' TORCH_SPEC='$(TORCH_SPEC)' EXTRAS='$(EXTRAS)' bash scripts/setup-env
+	PYTHON='$(PYTHON)' VENV='$(VENV)' TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX_URL='$(TORCH_INDEX_URL)' EXTRAS='$(EXTRAS)' bash scripts/setup-env
 
 # The main job: the default config (the CNN on scikit-learn's bundled digits) on NP local workers.
 run: setup
