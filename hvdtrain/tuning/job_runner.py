@@ -21,6 +21,7 @@ from hvdtrain.config.train_config import TrainConfig, to_yaml
 from hvdtrain.errors import ConfigError
 from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
 from hvdtrain.train.lr_schedule import scaled_lr
+from hvdtrain.tuning.devices import trial_gpus, visible_gpus, workers_per_host
 from hvdtrain.tuning.report import Progress
 from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import Param, trial_config
@@ -42,6 +43,7 @@ class Job:
     reported: list[int] = field(default_factory=list)
     pruned_at: int | None = None    # epoch (0-based) after which the pruner stopped it
     term_sent: float = 0.0
+    slot: int = 0                   # which of the --parallel GPU slices it holds
 
     @property
     def run_path(self) -> Path:
@@ -80,15 +82,21 @@ def _run_all(study: Study, space: dict[str, Param], base: TrainConfig, progress:
     settings = study.settings
     running: list[Job] = []
     failures = 0
+    # Each concurrent trial gets its own GPUs (CUDA_VISIBLE_DEVICES); checked once, before any trial starts.
+    visible = [] if base.device == "cpu" else visible_gpus(os.environ, _gpu_count())
+    per_trial = workers_per_host(settings.np, settings.hosts) * base.stages
+    trial_gpus(0, settings.parallel, per_trial, visible)
     try:
         while True:
             while (len(running) < settings.parallel and study.remaining() > len(running)
                    and failures < settings.failure_limit):
-                job = _start(study, space, base, env)
+                slot = min(set(range(settings.parallel)) - {job.slot for job in running})
+                job = _start(study, space, base, env, trial_gpus(slot, settings.parallel, per_trial, visible))
                 if job is None:
                     failures += 1
                     progress.trial_done(study, study.optuna.trials[-1])
                 else:
+                    job.slot = slot
                     running.append(job)
             if not running:
                 break
@@ -110,7 +118,14 @@ def _run_all(study: Study, space: dict[str, Param], base: TrainConfig, progress:
         raise
 
 
-def _start(study: Study, space: dict[str, Param], base: TrainConfig, env: dict[str, str]) -> Job | None:
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _start(study: Study, space: dict[str, Param], base: TrainConfig, env: dict[str, str],
+           gpus: str | None) -> Job | None:
     settings = study.settings
     folder = Path(settings.dir).resolve() / "trials"
     folder.mkdir(parents=True, exist_ok=True)
@@ -133,12 +148,14 @@ def _start(study: Study, space: dict[str, Param], base: TrainConfig, env: dict[s
     log = log_file.open("wb")
     proc = subprocess.Popen(job_command(config_file, settings), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
-                            env=dict(env, PYTHONUNBUFFERED="1"))
+                            env=dict(env, PYTHONUNBUFFERED="1", **({"CUDA_VISIBLE_DEVICES": gpus} if gpus else {})))
     # What a later run needs to stop this job should this process die (the config path marks it as ours).
     trial.set_user_attr("job_pid", proc.pid)
     trial.set_user_attr("job_config", str(config_file))
     trial.set_user_attr("run_dir", str(folder / name))
     trial.set_user_attr("log", str(log_file))
+    if gpus:
+        trial.set_user_attr("gpus", gpus)
     return Job(trial, config, proc, log, time.monotonic())
 
 
