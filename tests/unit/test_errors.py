@@ -83,3 +83,30 @@ def test_a_store_filesystem_that_fails_without_a_message_is_one_line(monkeypatch
     with pytest.raises(UserError) as err:
         filesystem_of("nofs://bucket/store")
     assert one_line(err).startswith("cannot open store nofs://bucket/store: OSError; use a local or shared path")
+
+
+def test_a_checkpoint_torch_cannot_load_without_a_message_is_one_line(monkeypatch, tmp_path):
+    import torch
+
+    from hvdtrain.train import checkpoint
+
+    bad = tmp_path / "ckpt-000000001.pt"
+    bad.write_bytes(b"not a checkpoint")
+    monkeypatch.setattr(torch, "load", raiser(RuntimeError()))
+    with pytest.raises(UserError) as err:
+        checkpoint.load(bad)
+    assert one_line(err) == f"{bad} is not a readable hvdtrain checkpoint (RuntimeError)"
+
+
+def test_a_step_that_fails_without_a_message_is_one_line():
+    import torch
+
+    from hvdtrain.train.step import check_step
+
+    def step(model, batch):
+        raise ValueError()
+
+    with pytest.raises(UserError) as err:
+        check_step(torch.nn.Linear(2, 2), (torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)),
+                   torch.nn.functional.cross_entropy, step)
+    assert one_line(err).startswith("step_fn failed on a batch of tuple(Tensor[2, 2], Tensor[2]): ValueError")
