@@ -24,6 +24,7 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 HOROVOD_VERSION = "0.28.1"
@@ -53,9 +54,14 @@ def needs_cxx17(torch_version: str) -> bool:
     return parse_version(torch_version) >= (2, 1, 0)
 
 
-def cache_key(horovod: str, torch: str, python: str, cuda: str | None, nccl: bool) -> str:
-    """One folder per build configuration; a wheel is reused only for an identical one."""
+def cache_key(horovod: str, torch: str, python: str, cuda: str | None, nccl: bool, cc_list: str = "") -> str:
+    """One folder per build configuration; a wheel is reused only for an identical one.
+
+    `cc_list` is HOROVOD_BUILD_CUDA_CC_LIST (the GPU architectures compiled); '' = all nvcc knows.
+    """
     accel = f"cu{cuda}" + ("-nccl" if nccl else "") if cuda else "cpu"
+    if cuda and cc_list.strip():
+        accel += "-cc" + "_".join(sorted({cc.strip() for cc in cc_list.split(",") if cc.strip()}, key=int))
     safe_torch = re.sub(r"[^0-9A-Za-z.]+", "_", torch)
     return f"horovod-{horovod}-torch{safe_torch}-py{python}-{accel}"
 
@@ -117,7 +123,7 @@ def patch_text(text: str, replacements: tuple[tuple[str, str], ...], name: str, 
     return text
 
 
-def apply_cxx17_fix(src_dir: Path, patches: dict[str, tuple[tuple[str, str], ...]] = PATCHES,
+def apply_cxx17_fix(src_dir: Path, patches: Mapping[str, tuple[tuple[str, str], ...]] = PATCHES,
                     marker: str = CXX17_MARKER) -> bool:
     """Patch an unpacked horovod source tree in place. Returns False if it was already patched."""
     changed = False
@@ -177,10 +183,39 @@ def probe_torch(python: str) -> tuple[str, str | None]:
     return version, (cuda or None)
 
 
-def nccl_present() -> bool:
-    if os.environ.get("HOROVOD_NCCL_HOME") or os.environ.get("HOROVOD_NCCL_INCLUDE"):
-        return True
-    return any(Path(d, "nccl.h").exists() for d in ("/usr/include", "/usr/local/cuda/include"))
+NCCL_ROOTS = ("/usr", "/usr/local/cuda", "/usr/local", "/opt/nccl")
+NCCL_LIB_DIRS = ("lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib64", "lib")
+NCCL_LIBS = ("libnccl.so", "libnccl_static.a")
+
+
+def find_nccl(environ: Mapping[str, str], exists=os.path.exists) -> dict[str, str] | None:
+    """Where NCCL's header and library are, as the HOROVOD_NCCL_* variables Horovod's build reads.
+
+    Looks under HOROVOD_NCCL_HOME / HOROVOD_NCCL_INCLUDE+LIB (the user's word wins), NCCL_HOME,
+    CUDA_HOME / CUDA_PATH and the usual prefixes (Debian's libnccl-dev, the CUDA toolkit, /opt/nccl).
+    None when no folder holds both nccl.h and libnccl.so (or libnccl_static.a).
+    """
+    if environ.get("HOROVOD_NCCL_HOME") or environ.get("HOROVOD_NCCL_INCLUDE"):
+        return {}   # the user's own settings, passed through untouched
+    roots = [environ.get(k, "") for k in ("NCCL_HOME", "CUDA_HOME", "CUDA_PATH")] + list(NCCL_ROOTS)
+    for root in filter(None, roots):
+        if not exists(f"{root}/include/nccl.h"):
+            continue
+        for lib in NCCL_LIB_DIRS:
+            if any(exists(f"{root}/{lib}/{name}") for name in NCCL_LIBS):
+                return {"HOROVOD_NCCL_INCLUDE": f"{root}/include", "HOROVOD_NCCL_LIB": f"{root}/{lib}"}
+    return None
+
+
+def expected_build(cuda: str | None, nccl: bool) -> tuple[str, ...]:
+    """What `horovodrun --check-build` must show: NCCL too for a CUDA torch built with NCCL."""
+    return EXPECTED_BUILD + (("NCCL",) if cuda and nccl else ())
+
+
+def nccl_missing_message(cuda: str) -> str:
+    return (f"torch is a CUDA {cuda} build but no NCCL was found (nccl.h and libnccl.so under HOROVOD_NCCL_HOME, "
+            "NCCL_HOME, CUDA_HOME, /usr or /usr/local/cuda); without it Horovod sends GPU tensors through host "
+            "memory. Install libnccl-dev (or set HOROVOD_NCCL_HOME), or set HVDTRAIN_ALLOW_NO_NCCL=1 to build without")
 
 
 def apt_install(packages: list[str], log: Path) -> bool:
@@ -256,8 +291,8 @@ def extract_archive(archive: Path, dest: Path, data_filter: bool = hasattr(tarfi
         tar.extractall(dest)
 
 
-def build_env(cuda: str | None, nccl: bool) -> dict[str, str]:
-    env = dict(os.environ)
+def build_env(cuda: str | None, nccl: bool, nccl_env: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ, **(nccl_env or {}))
     env.update(HOROVOD_WITH_PYTORCH="1", HOROVOD_WITH_MPI="1", HOROVOD_WITH_GLOO="1",
                HOROVOD_WITHOUT_TENSORFLOW="1", HOROVOD_WITHOUT_MXNET="1")
     env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 2}")
@@ -304,11 +339,11 @@ def install_wheel(python: str, wheel: Path, log: Path) -> None:
         raise InstallError(f"pip could not install {wheel.name}; full log: {log}")
 
 
-def verify(python: str) -> str:
+def verify(python: str, expected: tuple[str, ...] = EXPECTED_BUILD) -> str:
     horovodrun = Path(python).parent / "horovodrun"
     proc = run([str(horovodrun) if horovodrun.exists() else "horovodrun", "--check-build"])
     built = parse_check_build(proc.stdout)
-    missing = [name for name in EXPECTED_BUILD if not built.get(name)]
+    missing = [name for name in expected if not built.get(name)]
     if proc.returncode != 0 or missing:
         raise InstallError(f"horovodrun --check-build is missing {', '.join(missing) or '?'}:\n"
                            f"{proc.stdout}{proc.stderr}")
@@ -328,13 +363,21 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
     if test_tools:
         ensure_test_tools(cache_root / "logs" / "test-tools.log", use_apt)
     torch_version, cuda = probe_torch(python)
-    nccl = bool(cuda) and nccl_present()
+    nccl_env = find_nccl(os.environ) if cuda else None
+    nccl = nccl_env is not None
+    if cuda and not nccl and not os.environ.get("HVDTRAIN_ALLOW_NO_NCCL"):
+        raise InstallError(nccl_missing_message(cuda))
+    expected = expected_build(cuda, nccl)
     py = ".".join(map(str, sys.version_info[:2]))
     if not force and installed_matches(python, torch_version):
-        verify(python)
-        say(f"horovod {HOROVOD_VERSION} for torch {torch_version} already installed and verified")
-        return
-    key = cache_key(HOROVOD_VERSION, torch_version, py, cuda, nccl)
+        try:
+            verify(python, expected)
+        except InstallError as err:   # e.g. built before NCCL was installed: build again, with it
+            say(f"the installed horovod does not match this machine ({str(err).splitlines()[0]}); rebuilding")
+        else:
+            say(f"horovod {HOROVOD_VERSION} for torch {torch_version} already installed and verified")
+            return
+    key = cache_key(HOROVOD_VERSION, torch_version, py, cuda, nccl, os.environ.get("HOROVOD_BUILD_CUDA_CC_LIST", ""))
     cache_dir = cache_root / "wheels" / key
     log_dir = cache_root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -345,13 +388,13 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
         say(f"using cached wheel {cached[0]}")
         try:
             install_wheel(python, cached[0], log)
-            verify(python)
+            verify(python, expected)
         except InstallError as err:
             # E.g. a wheel copied from another machine whose MPI libraries differ: build a fresh one.
             say(f"the cached wheel does not work here ({str(err).splitlines()[0]}); removing it and building")
             cached[0].unlink()
         else:
-            say("verified: PyTorch, MPI and Gloo are built in")
+            say(f"verified: {', '.join(expected)} are built in")
             return
     ensure_system_tools(log, use_apt)
     with tempfile.TemporaryDirectory(prefix="hvdtrain-horovod-") as tmp:
@@ -360,9 +403,9 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
         if needs_cxx17(torch_version):
             apply_cxx17_fix(src)
             say(f"torch {torch_version} needs C++17: applied hvdtrain's build fix")
-        wheel = compile_wheel(python, src, Path(tmp) / "dist", build_env(cuda, nccl), log)
+        wheel = compile_wheel(python, src, Path(tmp) / "dist", build_env(cuda, nccl, nccl_env), log)
         install_wheel(python, wheel, log)
-        print(verify(python))
+        print(verify(python, expected))
         # Cache only a wheel that verified, so a broken build is never reused.
         cache_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(wheel, cache_dir / wheel.name)

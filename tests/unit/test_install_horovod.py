@@ -141,7 +141,7 @@ def test_a_cached_wheel_that_does_not_verify_is_dropped_and_rebuilt(tmp_path, mo
     monkeypatch.setattr(ih, "installed_matches", lambda python, torch: False)
     monkeypatch.setattr(ih, "install_wheel", lambda python, wheel, log: None)
 
-    def broken(python):
+    def broken(python, expected=ih.EXPECTED_BUILD):
         raise ih.InstallError("horovodrun --check-build is missing MPI:\n[ ] MPI")
 
     def rebuilding(python, dest, log):
@@ -230,3 +230,62 @@ def test_patched_headers_compile_alone_as_strict_cxx17(horovod_source, header, t
                            f"-I{horovod_source / Path(header).parent}", str(unit)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_cache_key_includes_the_cuda_architectures():
+    base = dict(horovod="0.28.1", torch="2.13.0", python="3.12", cuda="13.0", nccl=True)
+    assert ih.cache_key(**base) == "horovod-0.28.1-torch2.13.0-py3.12-cu13.0-nccl"
+    assert ih.cache_key(**base, cc_list="90, 80") == "horovod-0.28.1-torch2.13.0-py3.12-cu13.0-nccl-cc80_90"
+    assert ih.cache_key(**base, cc_list="80,90") == ih.cache_key(**base, cc_list="90,80")
+    assert ih.cache_key(**base, cc_list="90") != ih.cache_key(**base, cc_list="80,90")
+    assert ih.cache_key(**dict(base, cuda=None, nccl=False), cc_list="90").endswith("-cpu")  # no GPU code: no arch
+
+
+def test_find_nccl_beyond_two_fixed_folders():
+    def only(*paths):
+        return lambda path: path in paths
+
+    assert ih.find_nccl({}, only("/usr/include/nccl.h", "/usr/lib/x86_64-linux-gnu/libnccl.so")) == {
+        "HOROVOD_NCCL_INCLUDE": "/usr/include", "HOROVOD_NCCL_LIB": "/usr/lib/x86_64-linux-gnu"}
+    static = only("/sw/nccl/include/nccl.h", "/sw/nccl/lib/libnccl_static.a")
+    assert ih.find_nccl({"NCCL_HOME": "/sw/nccl"}, static) == {
+        "HOROVOD_NCCL_INCLUDE": "/sw/nccl/include", "HOROVOD_NCCL_LIB": "/sw/nccl/lib"}
+    assert ih.find_nccl({"CUDA_HOME": "/opt/cuda"}, only("/opt/cuda/include/nccl.h", "/opt/cuda/lib64/libnccl.so"))
+    assert ih.find_nccl({}, only("/usr/include/nccl.h")) is None          # a header without its library
+    assert ih.find_nccl({"HOROVOD_NCCL_HOME": "/x"}, only()) == {}           # the user's word wins
+
+
+def test_a_cuda_torch_requires_nccl_in_the_build_check():
+    assert ih.expected_build(None, False) == ("PyTorch", "MPI", "Gloo")
+    assert ih.expected_build("13.0", True) == ("PyTorch", "MPI", "Gloo", "NCCL")
+    assert "libnccl-dev" in ih.nccl_missing_message("13.0") and "\n" not in ih.nccl_missing_message("13.0")
+    assert ih.build_env("13.0", True, {"HOROVOD_NCCL_LIB": "/l"})["HOROVOD_NCCL_LIB"] == "/l"
+
+
+def test_cuda_torch_without_nccl_stops_before_building(tmp_path, monkeypatch):
+    monkeypatch.setattr(ih, "probe_torch", lambda python: ("2.13.0", "13.0"))
+    monkeypatch.setattr(ih, "find_nccl", lambda environ: None)
+    monkeypatch.delenv("HVDTRAIN_ALLOW_NO_NCCL", raising=False)
+    with pytest.raises(ih.InstallError, match="CUDA 13.0 build but no NCCL was found"):
+        ih.install(sys.executable, tmp_path, force=False, use_apt=False, test_tools=False)
+
+
+def test_an_installed_horovod_without_nccl_is_rebuilt_once_nccl_is_there(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ih, "probe_torch", lambda python: ("2.13.0", "13.0"))
+    monkeypatch.setattr(ih, "find_nccl", lambda environ: {"HOROVOD_NCCL_INCLUDE": "/i", "HOROVOD_NCCL_LIB": "/l"})
+    monkeypatch.setattr(ih, "installed_matches", lambda python, torch: True)
+    checked = []
+
+    def verify(python, expected=ih.EXPECTED_BUILD):
+        checked.append(expected)
+        raise ih.InstallError("horovodrun --check-build is missing NCCL:")
+
+    def stop(*_args, **_kw):
+        raise ih.InstallError("stop before building")
+
+    monkeypatch.setattr(ih, "verify", verify)
+    monkeypatch.setattr(ih, "ensure_system_tools", stop)
+    with pytest.raises(ih.InstallError, match="stop before building"):
+        ih.install(sys.executable, tmp_path, force=False, use_apt=False, test_tools=False)
+    assert checked == [("PyTorch", "MPI", "Gloo", "NCCL")]
+    assert "is missing NCCL:); rebuilding" in capsys.readouterr().out
