@@ -5,13 +5,13 @@ VENV ?= .venv
 # (only the torch install uses that index; everything else still comes from PyPI)
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
-EXTRAS ?= dev,notebook,spark,tensorboard,tune,compress,hf,streaming,tracking
+EXTRAS ?= dev,notebook,spark,tensorboard,tune,compress,hf,streaming,tracking,docs
 NP ?= 2
 ARGS ?=
 STAMP := $(VENV)/.hvdtrain-setup-ok
 BIN := $(VENV)/bin
 
-.PHONY: setup run test test-fast lint doctor bench clean docker-cpu docker-gpu
+.PHONY: setup run test test-fast lint doctor gpu-check bench docs clean docker-cpu docker-gpu
 
 setup: $(STAMP)
 
@@ -41,6 +41,15 @@ lint: setup
 doctor: setup
 	$(BIN)/hvdtrain doctor
 
+# Every GPU path once (needs GPUs and a CUDA torch; elsewhere it exits at once: "no CUDA device").
+gpu-check: setup
+	$(BIN)/hvdtrain doctor --gpu
+
+# The docs site (docs/, MyST Markdown): warnings are errors, -n reports every broken reference and anchor,
+# docs/_ext/hvdtrain_docs.py checks every flag the pages name. Open docs/_build/html/index.html.
+docs: setup
+	$(BIN)/python -m sphinx -b html -W --keep-going -n -q docs docs/_build/html
+
 # Container images (docker/README.md): docker when its daemon answers, else podman (ENGINE=... to choose).
 # The CPU build reuses the host's torch and cached Horovod wheels; extra args e.g.
 # DOCKER_BUILD_ARGS='--build-arg CUDA_CC_LIST=90' or '--offline-base'.
@@ -52,4 +61,4 @@ docker-gpu:
 	$(PYTHON) docker/build.py gpu $(DOCKER_BUILD_ARGS)
 
 clean:
-	rm -rf $(VENV) runs bench-results .pytest_cache .mypy_cache .ruff_cache docker/cache/torch docker/cache/hvdtrain
+	rm -rf $(VENV) runs bench-results docs/_build .pytest_cache .mypy_cache .ruff_cache docker/cache/torch docker/cache/hvdtrain

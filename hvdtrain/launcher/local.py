@@ -31,7 +31,8 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
     Args:
         fn_or_config: a function to run on every worker (it may call hvdtrain.Trainer/fit), or a
             TrainConfig to train with `hvdtrain.fit`.
-        *args, **kwargs: arguments for the function; they must be picklable (cloudpickle).
+        *args: arguments for the function; they must be picklable (cloudpickle).
+        **kwargs: keyword arguments for the function, picklable as well.
         np: number of workers.
         hosts: Horovod host string such as "node1:2,node2:2"; default "localhost:<np>".
         all_ranks: return every rank's result as a list instead of rank 0's.

@@ -90,6 +90,7 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any] | Any = None, *args: Any,
     """Train on `num_proc` Spark tasks, one Horovod worker (Gloo) each.
 
     Two forms:
+
     - `fit(config_or_fn, ...)`: every task runs `hvdtrain.fit(config)` or your function; returns rank
       0's result (for a TrainConfig: its History).
     - `fit(model_or_config, df=df, feature_cols=[...], label_cols=[...], store=PATH, ...)`: trains on a
@@ -104,8 +105,9 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any] | Any = None, *args: Any,
         config_or_fn: a TrainConfig (trains with `hvdtrain.fit(config)` on every task), or a function
             to run on every task (it may build its own hvdtrain.Trainer). With df: a torch.nn.Module,
             a TrainConfig (its model is built for the data's width and classes), or None (config.model).
-        *args, **kwargs: arguments for the function; they must be picklable (cloudpickle). With df,
-            keyword arguments are config values (epochs=5, lr=0.05, batch_size=64, ...).
+        *args: arguments for the function; they must be picklable (cloudpickle).
+        **kwargs: keyword arguments for the function, picklable as well. With df, they are config
+            values (epochs=5, lr=0.05, batch_size=64, ...).
         df: a Spark DataFrame to train on.
         feature_cols: numeric columns, arrays of numbers or ML vectors; concatenated into one float vector.
         label_cols: one column (integers/strings/booleans: classes; floats: regression), or several float
