@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
+from hvdtrain.cli.gpu_verdicts import gpu_facts, gpu_problems
 
 MPIRUN_TIMEOUT_S = 10.0
 FIX = "re-run `make setup` (or scripts/install-horovod --force)"
@@ -51,6 +52,7 @@ def collect() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
     }
+    info.update(gpu_facts())
     info["horovod"], meta = _horovod_metadata()
     info["horovod_built_against_torch"] = meta.get("pytorch")
     mpirun = shutil.which("mpirun")
@@ -82,7 +84,7 @@ def diagnose(info: dict[str, Any]) -> list[str]:
         return [f"Horovod's PyTorch extension is missing or broken ({detail}); {FIX}"]
     if not (info["built"].get("mpi") or info["built"].get("gloo")):
         return [f"Horovod has neither MPI nor Gloo built in; {FIX}"]
-    return []
+    return gpu_problems(info)
 
 
 def report(info: dict[str, Any]) -> str:
@@ -98,16 +100,24 @@ def report(info: dict[str, Any]) -> str:
         ("tensor ops", ", ".join(ops) or "-"),
         ("mpirun", info["mpirun"] or "not found"),
         ("visible GPUs", str(info["gpus"])),
+        ("nvidia-smi", f"{info.get('smi_gpus')} GPU(s), driver {info.get('driver')}" if info.get("driver") else "-"),
+        ("nvcc", info.get("nvcc") or "-"),
     ]
     return "\n".join(f"{key:>20}: {value}" for key, value in rows)
 
 
 def parser(commands: Commands | None = None) -> Parser:
-    return command_parser(commands, "doctor", __doc__)
+    p = command_parser(commands, "doctor", __doc__)
+    p.add_argument("--gpu", action="store_true",
+                   help="run every GPU path once and print a table (needs CUDA GPUs; `make gpu-check`)")
+    return p
 
 
 def main(args: list[str] | None = None) -> int:
-    parser().parse_args(args or [])
+    if parser().parse_args(args or []).gpu:
+        from hvdtrain.cli import gpu_check
+
+        return gpu_check.main()
     info = collect()
     print(report(info))
     problems = diagnose(info)
