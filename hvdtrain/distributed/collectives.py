@@ -23,18 +23,33 @@ def allreduce_sum(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor.clone() if hvd.size() == 1 else hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
 
+def by_device(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """Indices of `tensors` grouped by device, in first-seen order (the same on every rank).
+
+    Example:
+        >>> by_device([torch.zeros(1), torch.zeros(2, device="meta"), torch.zeros(3)])
+        [[0, 2], [1]]
+    """
+    groups: dict[torch.device, list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        groups.setdefault(tensor.device, []).append(i)
+    return list(groups.values())
+
+
 def average_buffers(buffers: list[torch.Tensor]) -> None:
-    """Average float buffers (BatchNorm running statistics) over the ranks, in place, in one grouped op.
+    """Average float buffers (BatchNorm running statistics) over the ranks, in place, one grouped op per device.
 
     Without it every rank keeps statistics of its own shard: evaluation would differ by rank and the
-    replicas would not be equal at the end.
+    replicas would not be equal at the end. With --stages K the buffers live on K GPUs, and Horovod's
+    grouped_allreduce needs every tensor of a group on one device.
     """
     if hvd.size() == 1 or not buffers:
         return
-    averaged = hvd.grouped_allreduce([b.detach() for b in buffers], op=hvd.Average, name="buffers")
-    with torch.no_grad():
-        for buffer, value in zip(buffers, averaged, strict=True):
-            buffer.copy_(value)
+    for n, group in enumerate(by_device(buffers)):
+        averaged = hvd.grouped_allreduce([buffers[i].detach() for i in group], op=hvd.Average, name=f"buffers.{n}")
+        with torch.no_grad():
+            for i, value in zip(group, averaged, strict=True):
+                buffers[i].copy_(value)
 
 
 def nonfinite_flag_async(value: torch.Tensor, name: str, gradient_predivide_factor: float = 1.0) -> Any:
