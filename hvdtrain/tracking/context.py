@@ -14,6 +14,8 @@ from hvdtrain.environment import process
 PLACE_KEYS = ("kind", "epoch", "step", "time")
 # MLflow 3 stores a param value of up to 6000 characters and refuses a longer one.
 MAX_PARAM_CHARS = 6000
+# Set by `hvdtrain tune` for its trials' jobs: the study's MLflow run, which each trial's run is nested under.
+PARENT_ENV = "HVDTRAIN_TRACKING_PARENT"
 
 
 def resolve(choice: str, env: Mapping[str, str]) -> str:

@@ -26,11 +26,16 @@ RUN_FILE = "tracking.json"
 class MlflowSink:
     """One MLflow run for one run folder: created once, found again from <run>/tracking.json on resume."""
 
-    def __init__(self, run_dir: Path, uri: str, experiment: str, *, embedded: bool) -> None:
+    def __init__(self, run_dir: Path, uri: str, experiment: str, *, embedded: bool, name: str = "",
+                 artifact_root: Path | None = None) -> None:
         self.run_dir = run_dir
         self.uri = uri
         self.experiment = experiment
         self.embedded = embedded
+        self.name = name or run_dir.name
+        # The embedded store keeps artifacts beside mlflow.db, not in ./mlartifacts of whatever folder
+        # training happened to start in.
+        self.artifact_root = artifact_root or run_dir.resolve().parent / "mlartifacts"
         self.client: Any = None
         self.run_id = ""
 
@@ -60,7 +65,7 @@ class MlflowSink:
             params = {k: v for k, v in params.items() if k not in known.data.params}
             said = f"continuing MLflow run {self.run_id}"
         else:
-            run = self.client.create_run(self._experiment_id(), tags=dict(tags), run_name=self.run_dir.name)
+            run = self.client.create_run(self.experiment_id(), tags=dict(tags), run_name=self.name)
             self.run_id = run.info.run_id
             self._remember()
             said = f"MLflow run {self.run_id}"
@@ -82,15 +87,13 @@ class MlflowSink:
             self.client.log_artifact(self.run_id, str(path))
         self.client.set_terminated(self.run_id, status=status)
 
-    def _experiment_id(self) -> str:
+    def experiment_id(self) -> str:
         from mlflow.exceptions import MlflowException
 
         found = self.client.get_experiment_by_name(self.experiment)
         if found is not None:
             return str(found.experiment_id)
-        # The embedded store keeps artifacts beside mlflow.db, not in ./mlartifacts of whatever folder
-        # training happened to start in.
-        location = (self.run_dir.resolve().parent / "mlartifacts").as_uri() if self.embedded else None
+        location = self.artifact_root.as_uri() if self.embedded else None
         try:
             return str(self.client.create_experiment(self.experiment, artifact_location=location))
         except MlflowException:  # another job created it between our two calls

@@ -135,5 +135,7 @@ def start(run_dir: Path, config: TrainConfig, *, say: Callable[[str], None], war
     uri = env.get("MLFLOW_TRACKING_URI", "")
     sink = MlflowSink(run_dir, uri or context.embedded_store(run_dir), config.tracking_experiment,
                       embedded=not uri)
-    return Tracker(sink, context.params(config, chosen), context.tags(run_dir, config, backend=backend,
-                                                                      device=device), say, warn)
+    tags = context.tags(run_dir, config, backend=backend, device=device)
+    if env.get(context.PARENT_ENV):  # a trial of `hvdtrain tune`: nested under the study's run
+        tags["mlflow.parentRunId"] = env[context.PARENT_ENV]
+    return Tracker(sink, context.params(config, chosen), tags, say, warn)

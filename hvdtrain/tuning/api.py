@@ -2,13 +2,15 @@
 parse and check the space, open (or resume) the study, run the trials in the chosen mode, report."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig, load_config
 from hvdtrain.environment import process
 from hvdtrain.errors import ConfigError
+from hvdtrain.tracking.study_run import StudyRun
+from hvdtrain.tracking.study_run import start as start_study_run
 from hvdtrain.tuning.report import Progress, results_table, say, write_best, write_plots
 from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import Param, check_against, load_space, parse_space
@@ -57,18 +59,38 @@ def tune(space: str | dict[str, Any], trials: int, *, config: TrainConfig | str 
         raise ConfigError("tune: job mode starts a horovodrun job per trial itself: run `hvdtrain tune` without "
                           "horovodrun, or add --mode inprocess to run the trials inside this Horovod job")
     study = open_study(settings)
+    tracked = None
     try:
         progress = Progress(settings, study.finished())
         _announce(study, progress)
         from hvdtrain.tuning.job_runner import run_jobs
 
+        tracked = _track(settings, base)
         try:
-            run_jobs(study, params, base, progress)
+            run_jobs(study, params, base, progress, tracked)
         finally:
             progress.close()
-        return _report(study, base)
+        result = _report(study, base)
+        if tracked:
+            number, value = result.best_number, result.best_value
+            files = [Path(settings.dir) / "trials.json", *map(Path, [result.best_config or "", *result.plots])]
+            tracked.close(None if number is None or value is None else (number, value),
+                          [f for f in files if f.is_file()])
+        return result
+    except BaseException:
+        if tracked:
+            tracked.close(None, [], "KILLED")
+        raise
     finally:
         study.close()
+
+
+def _track(settings: TuneSettings, base: TrainConfig) -> StudyRun | None:
+    """The study's parent MLflow run when the base config is tracked (each trial's run nests under it)."""
+    return start_study_run(Path(settings.dir), study=settings.study, metric=settings.metric,
+                           tracking=base.tracking, experiment=base.tracking_experiment,
+                           params={**asdict(settings), "model": base.model, "dataset": base.dataset}, say=say,
+                           warn=lambda text: say(f"hvdtrain: warning: {text}"))
 
 
 def _inprocess(params: dict[str, Param], base: TrainConfig, settings: TuneSettings) -> TuneResult:

@@ -20,6 +20,7 @@ from typing import IO, Any
 from hvdtrain.config.train_config import TrainConfig, to_yaml
 from hvdtrain.errors import ConfigError
 from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
+from hvdtrain.tracking.study_run import StudyRun
 from hvdtrain.train.lr_schedule import scaled_lr
 from hvdtrain.tuning.devices import trial_gpus, visible_gpus, workers_per_host
 from hvdtrain.tuning.report import Progress
@@ -60,11 +61,13 @@ def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
     return [*command, sys.executable, "-m", "hvdtrain", "--config", str(config_file)]
 
 
-def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress: Progress) -> None:
+def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress: Progress,
+             tracked: StudyRun | None = None) -> None:
     """Run trials as jobs until the study holds settings.trials finished ones (or too many failed).
 
     Args:
-        study: the open study; base: the config every trial starts from; progress: where lines go.
+        study: the open study; base: the config every trial starts from; progress: where lines go;
+        tracked: the study's MLflow run, which each trial's run nests under (None: untracked).
     Example:
         >>> run_jobs(open_study(settings), load_space("space.yaml"), load_config("base.yaml"), Progress(settings))
     """
@@ -72,13 +75,13 @@ def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress:
     # Credentials reach the workers in a 0600 file beside the trials' run dirs, never on a command line.
     env, secrets_file, _ = worker_env(os.environ, Path(settings.dir).resolve())
     try:
-        _run_all(study, space, base, progress, env)
+        _run_all(study, space, base, progress, {**env, **(tracked.env if tracked else {})}, tracked)
     finally:
         remove_quietly(secrets_file)
 
 
 def _run_all(study: Study, space: dict[str, Param], base: TrainConfig, progress: Progress,
-             env: dict[str, str]) -> None:
+             env: dict[str, str], tracked: StudyRun | None) -> None:
     settings = study.settings
     running: list[Job] = []
     failures = 0
@@ -108,6 +111,8 @@ def _run_all(study: Study, space: dict[str, Param], base: TrainConfig, progress:
                 _watch(job, study, settings)   # the last lines, written just before exit
                 running.remove(job)
                 failures += not _finish(job, study, settings)
+                if tracked:
+                    tracked.trial_done(study.optuna.trials[job.trial.number], job.run_path)
                 progress.trial_done(study, study.optuna.trials[job.trial.number])
     except BaseException:    # Ctrl-C or an error here: stop our jobs, record them, then let it propagate
         for job in running:
