@@ -97,8 +97,19 @@ def horovodrun_flags() -> frozenset[str]:
     return frozenset(re.findall(r"(?<![\w-])--?[a-zA-Z][a-zA-Z0-9-]*", out))
 
 
+@functools.cache
+def benchmark_flags() -> frozenset[str]:
+    """Flags the benchmark scripts (benchmarks/*.py, `python -m benchmarks.run` ...) declare."""
+    found: set[str] = set()
+    for path in (ROOT / "benchmarks").glob("*.py"):
+        found |= set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", path.read_text()))
+    return frozenset(found)
+
+
 def all_flags() -> frozenset[str]:
-    return frozenset().union(*command_flags().values(), horovodrun_flags(), FOREIGN_FLAGS, PLACEHOLDERS)
+    """Every flag a lone `--flag` on a page may name: hvdtrain's, horovodrun's, the benchmarks', a few tools'."""
+    return frozenset().union(*command_flags().values(), horovodrun_flags(), benchmark_flags(), FOREIGN_FLAGS,
+                             PLACEHOLDERS)
 
 
 def _tokens(line: str) -> list[str]:
