@@ -293,6 +293,19 @@ def _message(node: ast.expr) -> str:
     return "{…}"
 
 
+def layers() -> list[list[str]]:
+    """LAYERS of tests/unit/test_layout.py, lowest first (read from its source, not imported)."""
+    tree = ast.parse((ROOT / "tests/unit/test_layout.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "LAYERS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise RuntimeError("tests/unit/test_layout.py has no LAYERS")
+
+
+def layers_markdown() -> str:
+    return "\n".join(f"{i}. " + ", ".join(f"`{name}`" for name in layer) for i, layer in enumerate(layers(), 1))
+
+
 def error_catalog_markdown() -> str:
     lines = []
     for group, messages in error_messages().items():
@@ -316,6 +329,7 @@ def _source_read(app: Any, docname: str, source: list[str]) -> None:
     # Generated content: a fence of the two directives becomes the Markdown they stand for.
     text = re.sub(r"^```\{trainconfig-table\}\n```$", lambda _: trainconfig_markdown(), text, flags=re.M)
     text = re.sub(r"^```\{error-catalog\}\n```$", lambda _: error_catalog_markdown(), text, flags=re.M)
+    text = re.sub(r"^```\{layers-list\}\n```$", lambda _: layers_markdown(), text, flags=re.M)
     source[0] = text
 
 
