@@ -34,7 +34,8 @@ def gradients_finite(model: nn.Module, scaler: torch.amp.GradScaler | None, p: P
     grads = [param.grad for param in model.parameters() if param.grad is not None]
     # A tensor is finite iff its min and max are (NaN propagates through both): one read pass.
     extremes = [v for g in grads if g.numel() for v in torch.aminmax(g)]
-    finite = not extremes or bool(torch.isfinite(torch.stack(extremes)).all())
+    # With --stages K the gradients live on K GPUs: gather the 2 values per tensor on one device to stack them.
+    finite = not extremes or bool(torch.isfinite(torch.stack([v.to(extremes[0].device) for v in extremes])).all())
     if not finite and scaler is not None and scaler.get_scale() >= 1.0:
         p.skipped += 1
         return False  # fp16 overflow at a large loss scale: routine, the scaler halves the scale
