@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from hvdtrain.compression import distill, prune, quantize
+from hvdtrain.compression import distill, prune, quantize, tracked
 from hvdtrain.compression.options import TRAINED, CompressOptions
 from hvdtrain.compression.outcome import Outcome
 from hvdtrain.compression.results import measure_and_write
@@ -97,6 +97,7 @@ def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **opti
     if is_root:
         try:
             result = measure_and_write(run, opts, out_path, outcomes)
+            tracked.log(run, opts, out_path, result)  # its failures are one warning, never the report's
         except UserError as err:
             error = str(err)
     if world is not None:

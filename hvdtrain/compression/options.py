@@ -36,6 +36,8 @@ class CompressOptions:
     batch_sizes: tuple[int, ...] = option((1, 64), "latency batch sizes, comma-separated")
     compiled: bool = option(False, "also time each model after torch.compile (inductor): int8's fused kernels; "
                                    "slow to compile", flag="--compile")
+    tracking: str = option("", "log the report and the exported model as an MLflow run: auto, none, mlflow; "
+                               "'' = as the source run's --tracking")
     verbose: bool = option(True, "rank 0 prints progress and the table (the Python API's switch)")
 
     def __post_init__(self) -> None:
@@ -45,6 +47,8 @@ class CompressOptions:
                                 "comma-separated)")
         if not self.methods or len(set(self.methods)) != len(self.methods):
             raise UserError(f"method must name each of int8, prune, distill at most once, got {self.method!r}")
+        if self.tracking not in ("", "auto", "none", "mlflow", "wandb"):
+            raise UserError(f"tracking must be auto, none or mlflow; got {self.tracking!r}")
         if self.int8_mode not in MODES:
             raise UserError(f"int8 mode must be one of {', '.join(MODES)}; got {self.int8_mode!r}")
         if not 0.0 < self.sparsity < 1.0:
