@@ -37,7 +37,7 @@ FOREIGN_FLAGS = {
     "--check-build",  # horovodrun --check-build (in horovodrun --help only as a short form on some builds)
 }
 # Placeholders the pages use for "any config key".
-PLACEHOLDERS = {"--key", "--dashed-name"}
+PLACEHOLDERS = {"--key", "--flag", "--dashed-name"}
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)$")
 _INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
