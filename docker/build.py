@@ -90,6 +90,16 @@ def dockerfile_args(text: str) -> dict[str, str]:
     return args
 
 
+def expand(value: str, values: dict[str, str]) -> str:
+    """`${NAME}` references in an ARG value, filled from the other ARGs (build args over defaults).
+
+    Example:
+        >>> expand("nvidia/cuda:${CUDA_VERSION}-devel", {"CUDA_VERSION": "13.0.2"})
+        'nvidia/cuda:13.0.2-devel'
+    """
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: values.get(m.group(1), m.group(0)), value)
+
+
 def horovod_cache_key(torch_wheel: str, python: str) -> str:
     """The key scripts/install-horovod gives a CPU build for this torch wheel and Python."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -239,7 +249,8 @@ def build(args: argparse.Namespace) -> None:
     dockerfile = HERE / f"Dockerfile.{args.variant}"
     defaults = dockerfile_args(dockerfile.read_text())
     build_args = dict(item.split("=", 1) for item in args.build_arg)
-    base = build_args.get("BASE_IMAGE", defaults.get("BASE_IMAGE", DEFAULT_BASE))
+    # The GPU base is nvidia/cuda:${CUDA_VERSION}-...: made offline under its real, expanded name.
+    base = expand(build_args.get("BASE_IMAGE", defaults.get("BASE_IMAGE", DEFAULT_BASE)), {**defaults, **build_args})
     if args.offline_base:
         make_base_image(engine, base)
     if args.variant == "cpu" and not args.no_host_wheels:

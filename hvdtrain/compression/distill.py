@@ -135,12 +135,13 @@ def compress(run: FinishedRun, opts: CompressOptions, model: nn.Module, config: 
         "student": opts.student, "student_hidden": opts.student_hidden, "temperature": opts.temperature,
         "alpha": opts.alpha, "epochs": config.epochs, "lr": config.lr, "workers": distilled.summary.get("workers"),
         "distilled_val_acc": [r.get("val_acc") for r in distilled]}
-    outcome = Outcome("student (distilled)", model.eval(), config, details)
+    # The Trainer may have moved them to a GPU: export and latency timing run on CPU inputs.
+    outcome = Outcome("student (distilled)", model.cpu().eval(), config, details)
     if opts.baseline:
         say(opts, "training the same student without the teacher (same epochs, LR, seed)")
         plain = copy.deepcopy(model)
         plain.load_state_dict(initial)
         baseline = Trainer(plain, run.data.train, run.data.val, config=config).fit()
         details["baseline_val_acc"] = [r.get("val_acc") for r in baseline]
-        outcome.extra.append(("student (no teacher)", plain.eval()))
+        outcome.extra.append(("student (no teacher)", plain.cpu().eval()))
     return outcome

@@ -39,7 +39,8 @@ def compress(run: FinishedRun, opts: CompressOptions) -> Outcome:
                "finetune": {"epochs": epochs, "lr": config.lr, "workers": history.summary.get("workers"),
                             "val_acc": [r.get("val_acc") for r in history],
                             "wall_time_s": history.summary.get("wall_time_s")}}
-    return Outcome(f"pruned {opts.sparsity:.0%}", pruned.eval(), run.config, details)
+    # The Trainer may have moved it to a GPU: export and latency timing run on CPU inputs.
+    return Outcome(f"pruned {opts.sparsity:.0%}", pruned.cpu().eval(), run.config, details)
 
 
 def check_prunable(model: nn.Module) -> None:

@@ -15,7 +15,7 @@ from hvdtrain.errors import UserError
 from hvdtrain.output.claim import claim, claim_new
 from hvdtrain.output.console import console
 from hvdtrain.output.files import atomic_write, write_text
-from hvdtrain.tracking import Tracker, start
+from hvdtrain.tracking import Tracker, start, system
 
 
 def plan_run_dir(config: TrainConfig) -> dict[str, Any]:
@@ -47,6 +47,8 @@ class RunLog:
         self.tracker: Tracker | None = start(self.path, config, backend=backend, device=device,
                                              say=lambda text: console.line(f"hvdtrain: {text}"),
                                              warn=lambda text: console.line(f"hvdtrain: warning: {text}"))
+        # Rank 0 is its host's local rank 0: its host's CPU/memory/GPU go into the same run (tracking/system.py).
+        self.system = system.start(self.tracker.record_system) if self.tracker else None
 
     def metrics(self, record: dict[str, Any]) -> None:
         with (self.path / "metrics.jsonl").open("a") as handle:
@@ -74,6 +76,8 @@ class RunLog:
         if self.tensorboard:
             self.tensorboard.close()
         history.plot(self.path / "curves.png")
+        if self.system:
+            self.system.stop()
         if self.tracker:
             self.tracker.finish(self.path)
 
@@ -95,7 +99,9 @@ def write_weights(folder: Path, name: str, model: nn.Module) -> None:
     """NAME.pt (torch.load) and NAME.safetensors (loads without pickle, in any framework), each atomically."""
     from safetensors.torch import save
 
-    state = model.state_dict()
+    # CPU tensors: the file loads on a machine without a GPU, no map_location needed.
+    state = {key: value.detach().cpu() if isinstance(value, torch.Tensor) else value
+             for key, value in model.state_dict().items()}
     atomic_write(folder / f"{name}.pt", lambda handle: torch.save(state, handle))
     data = save(unshared(state), metadata={"format": "pt", "written_by": "hvdtrain"})
     atomic_write(folder / f"{name}.safetensors", lambda handle: handle.write(data))

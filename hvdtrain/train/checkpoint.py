@@ -39,7 +39,7 @@ def rng_state(loader: torch.Generator | None = None) -> dict[str, Any]:
     assert not isinstance(keys, str)  # the legacy form is a tuple with an array of keys
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
                              "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():    # only a process that used CUDA has its RNG (--device cpu never starts it)
         state["cuda"] = torch.cuda.get_rng_state()
     if loader is not None:
         state["loader"] = loader.get_state()
@@ -52,7 +52,7 @@ def set_rng_state(state: dict[str, Any], loader: torch.Generator | None = None) 
     random.setstate((version, tuple(internal), gauss))
     keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and torch.cuda.is_initialized():
         torch.cuda.set_rng_state(state["cuda"])
     if loader is not None and "loader" in state:
         loader.set_state(state["loader"])

@@ -205,6 +205,18 @@ def test_gpu_image_pins_nccl_once_and_targets_the_documented_matrix():
         assert value in readme, f"docker/README.md's version matrix lacks {value}"
 
 
+def test_gpu_image_has_infiniband_user_space_and_its_offline_base_name_is_expanded():
+    """Without rdma-core/libibverbs, multi-node NCCL silently falls back to TCP sockets."""
+    text = DOCKERFILES["gpu"].read_text()
+    final = parse_dockerfile(text)[-1]
+    assert any("rdma-core" in run and "libibverbs1" in run and "ibverbs-providers" in run for run in runs(final))
+    assert "/dev/infiniband" in (DOCKER / "README.md").read_text()
+    args = docker_build.dockerfile_args(text)
+    base = docker_build.expand(args["BASE_IMAGE"], args)
+    assert "${" not in base and args["CUDA_VERSION"] in base
+    assert docker_build.expand(args["BASE_IMAGE"], {**args, "CUDA_VERSION": "12.9.1"}).startswith("nvidia/cuda:12.9.1-")
+
+
 def test_cpu_and_gpu_images_share_the_multi_node_setup():
     parsed = {v: parse_dockerfile(p.read_text()) for v, p in DOCKERFILES.items()}
     finals = {v: stages[-1] for v, stages in parsed.items()}
