@@ -67,6 +67,11 @@ class Tracker:
         stamp = int(time.time() * 1000)
         self.queue.put(("metrics", [(name, value, step, stamp) for name, value in values.items()]))
 
+    def record_system(self, samples: list[tuple[str, float, int, int]]) -> None:
+        """System metrics, (name, value, step, unix ms) each, from tracking/system.py: queued, never waited for."""
+        if not self.failed and samples:
+            self.queue.put(("metrics", list(samples)))
+
     def finish(self, run_dir: Path, status: str = "FINISHED", wait_s: float = FLUSH_S) -> None:
         """Send what is left and the run folder's files, then end the run; waits at most `wait_s`."""
         atexit.unregister(self._abandon)

@@ -1,0 +1,113 @@
+"""System metrics per host: CPU, memory and (with pynvml) GPUs, sampled by each host's local rank 0.
+
+Metrics are named by host, `system/<host>/cpu_percent`, so a run on several hosts shows every node, not only
+node 0's. A background thread samples every MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds (MLflow's own
+setting; default 10, 0 = off). On rank 0 the samples go straight to its tracker; on another host's local
+rank 0 they wait in `drain()` for the trainer to gather them to rank 0 at a log interval (only rank 0 holds
+the run: other hosts may not reach the embedded store at all).
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from hvdtrain.environment import process
+
+INTERVAL_ENV = "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"
+DEFAULT_S = 10.0
+Sample = tuple[str, float, int, int]  # (name, value, step, unix ms), as Tracker.record_system takes them
+
+
+def host_name() -> str:
+    """This host as a metric key may spell it (MLflow allows letters, digits, `_ - . /` and spaces)."""
+    return re.sub(r"[^\w.-]+", "_", socket.gethostname()) or "host"
+
+
+def sample() -> dict[str, float]:
+    """One reading of this host: CPU % since the last call, memory, and each GPU when pynvml is installed.
+
+    GPUs are read through NVML, never torch.cuda: a CUDA context made here would hold memory on every GPU.
+    """
+    import psutil
+
+    memory = psutil.virtual_memory()
+    values = {"cpu_percent": float(psutil.cpu_percent(None)), "memory_percent": float(memory.percent),
+              "memory_used_gb": memory.used / 1e9}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            used = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            values[f"gpu{index}_utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            values[f"gpu{index}_memory_percent"] = 100.0 * used.used / max(1, used.total)
+    except Exception:  # no pynvml, no driver: CPU and memory only
+        pass
+    return values
+
+
+class SystemSampler:
+    """A daemon thread that samples this host; `emit` takes each sample, else `drain()` hands them over."""
+
+    def __init__(self, interval_s: float, emit: Callable[[list[Sample]], None] | None = None,
+                 host: str = "") -> None:
+        self.interval_s = interval_s
+        self.emit = emit
+        self.prefix = f"system/{host or host_name()}/"
+        self.pending: list[Sample] = []
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.step = 0
+        self.thread = threading.Thread(target=self._work, name="hvdtrain-system-metrics", daemon=True)
+        self.thread.start()
+
+    def drain(self) -> list[Sample]:
+        """The samples since the last drain (for the trainer to gather to rank 0)."""
+        with self.lock:
+            taken, self.pending = self.pending, []
+        return taken
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(5.0)
+
+    def _work(self) -> None:
+        try:
+            sample()  # psutil's first cpu_percent(None) is 0.0: it measures from this call on
+        except Exception:
+            return
+        while not self.stopped.wait(self.interval_s):
+            try:
+                values = sample()
+            except Exception:  # a sampler is never worth a failed run
+                continue
+            stamp = int(time.time() * 1000)
+            taken = [(self.prefix + key, value, self.step, stamp) for key, value in values.items()]
+            self.step += 1
+            if self.emit is not None:
+                self.emit(taken)
+            else:
+                with self.lock:
+                    self.pending.extend(taken)
+
+
+def start(emit: Callable[[list[Sample]], None] | None = None,
+          env: Mapping[str, str] | None = None) -> SystemSampler | None:
+    """A sampler on this host's local rank 0 (None elsewhere, or when the interval is 0).
+
+    Example:
+        >>> sampler = start(tracker.record_system)  # doctest: +SKIP
+    """
+    env = os.environ if env is None else env
+    try:
+        interval = float(env.get(INTERVAL_ENV) or DEFAULT_S)
+    except ValueError:
+        interval = DEFAULT_S
+    if interval <= 0 or process.current().local_rank != 0:
+        return None
+    return SystemSampler(interval, emit)
