@@ -174,7 +174,7 @@ def check_load_config(text: str) -> list[str]:
 
 
 def code_blocks(text: str) -> Iterator[tuple[int, str, str]]:
-    """(line number of the first line, info string, body) of every fenced block of Markdown text."""
+    """(line number of the first line of code, info string, body) of every fenced block of Markdown text."""
     lines = text.splitlines()
     i = 0
     while i < len(lines):
