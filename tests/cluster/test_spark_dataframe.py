@@ -151,3 +151,16 @@ def test_a_dataframe_four_times_the_memory_budget_streams_each_ranks_row_groups(
         assert 0 < report["peak_rss_growth"] < dataset_bytes / 4, (report, dataset_bytes)
     assert len({r["digest"] for r in result.reports}) == 1
     assert result.history[-1]["train_samples"] == 2 * block
+
+
+def test_files_added_to_a_source_folder_are_new_data_not_a_stale_store(spark, digits, tmp_path):
+    """A file scan's plan names the folder, not its files: the key must see the files (names, sizes, times)."""
+    source, store = str(tmp_path / "source"), str(tmp_path / "store")
+    digits.where("id < 900").write.parquet(source)
+    first = materialize(spark.read.parquet(source), store, PIXELS, ["label"], 0.2)
+    assert not first.reused and first.train_rows + first.val_rows == 900
+    digits.where("id >= 900").write.mode("append").parquet(source)
+    grown = materialize(spark.read.parquet(source), store, PIXELS, ["label"], 0.2)
+    assert grown.key != first.key and not grown.reused and grown.train_rows + grown.val_rows == 1797
+    again = materialize(spark.read.parquet(source), store, PIXELS, ["label"], 0.2)
+    assert again.reused and again.key == grown.key
