@@ -35,7 +35,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.run $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check hvdtrain tests examples benchmarks docker
+	$(BIN)/ruff check hvdtrain tests examples benchmarks docker docs
 	$(BIN)/mypy
 
 doctor: setup
