@@ -85,7 +85,7 @@ def test_the_job_runner_hands_each_running_trial_its_own_slice(tmp_path, monkeyp
     study = open_study(settings)
     try:
         job_runner._run_all(study, parse_space({"lr": {"type": "float", "low": 0.01, "high": 0.1}}),
-                            TrainConfig(device=device), job_runner.Progress(settings, 0, enabled=False), {})
+                            TrainConfig(device=device), job_runner.Progress(settings, 0, enabled=False), {}, None)
     finally:
         study.close()
     assert len(FakeJob.seen) == 4 and {gpus for gpus, _ in FakeJob.seen} == expected
