@@ -41,6 +41,13 @@ LAUNCHERS: tuple[tuple[str, str, str, str, str], ...] = (
 )
 ALONE = Process(0, 1, 0, 1, "none")
 
+# The variables torch.distributed's launchers set, which webdataset's split_by_node, mosaicml-streaming and
+# Hugging Face's own helpers read to pick a rank's shards. horovodrun and mpirun set none of them, so
+# without these every rank would silently read every sample.
+TORCH_STYLE = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+EXPORT_ENV = "HVDTRAIN_EXPORT_RANK_ENV"     # "0": leave them alone
+EXPORTED_BY_ENV = "HVDTRAIN_RANK_ENV_PID"   # the process that exported them (not torchrun, not a parent)
+
 # Horovod's own answer, registered by `distributed` (at most one entry).
 _HOROVOD: list[Callable[[], Process | None]] = []
 
@@ -51,15 +58,20 @@ def _number(env: Mapping[str, str], name: str, default: int) -> int:
     return int(text) if text.isdigit() else default
 
 
-def from_env(env: Mapping[str, str]) -> Process | None:
-    """The launcher's answer from environment `env`, or None when no launcher started this process.
+def from_env(env: Mapping[str, str], pid: int | None = None) -> Process | None:
+    """The launcher's answer from environment `env` (of process `pid`, default this one), or None when no
+    launcher started it.
 
     Example:
         >>> from_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
         Process(rank=1, size=2, local_rank=1, local_size=2, launcher='openmpi')
     """
+    # RANK & co. that hvdtrain exported in a parent process (a test runner, a notebook kernel, a worker
+    # starting a subprocess) say nothing about a child no launcher started.
+    exported_by = env.get(EXPORTED_BY_ENV)
+    inherited = exported_by is not None and exported_by != str(os.getpid() if pid is None else pid)
     for launcher, rank_var, size_var, local_rank_var, local_size_var in LAUNCHERS:
-        if not env.get(rank_var, "").strip().isdigit():
+        if not env.get(rank_var, "").strip().isdigit() or (launcher == "torchrun" and inherited):
             continue
         rank = int(env[rank_var])
         size = max(_number(env, size_var, rank + 1), rank + 1)
@@ -95,12 +107,6 @@ def launched(env: Mapping[str, str] | None = None) -> bool:
     return from_env(os.environ if env is None else env) is not None
 
 
-# The variables torch.distributed's launchers set, which webdataset's split_by_node, mosaicml-streaming and
-# Hugging Face's own helpers read to pick a rank's shards. horovodrun and mpirun set none of them, so
-# without these every rank would silently read every sample.
-TORCH_STYLE = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-EXPORT_ENV = "HVDTRAIN_EXPORT_RANK_ENV"     # "0": leave them alone
-
 
 def export_rank_env(env: MutableMapping[str, str] | None = None) -> Process | None:
     """Set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE in `env` (default os.environ) to this process's
@@ -114,4 +120,5 @@ def export_rank_env(env: MutableMapping[str, str] | None = None) -> Process | No
     if me is ALONE or me.launcher in ("torchrun", "slurm"):
         return None
     env.update(zip(TORCH_STYLE, map(str, (me.rank, me.size, me.local_rank, me.local_size)), strict=True))
+    env[EXPORTED_BY_ENV] = str(os.getpid())
     return me

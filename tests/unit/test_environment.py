@@ -55,3 +55,14 @@ def test_no_other_module_reads_rank_variables():
              for node in ast.walk(ast.parse(p.read_text()))
              if isinstance(node, ast.Constant) and node.value in names]
     assert not found, found
+
+
+def test_rank_variables_exported_by_a_parent_process_do_not_make_a_child_launched():
+    """A test runner or notebook that ran Horovod in-process exported RANK=0; its subprocesses are alone."""
+    env: dict[str, str] = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}
+    assert process.export_rank_env(env) == Process(0, 2, 0, 2, "gloo")
+    assert env["RANK"] == "0" and env["WORLD_SIZE"] == "2"
+    child = {key: value for key, value in env.items() if not key.startswith("HOROVOD_")}
+    assert from_env(child) is not None                       # this process exported them: still itself
+    assert from_env(child, pid=1) is None                    # a child that inherited them: no launcher
+    assert from_env({"RANK": "1", "WORLD_SIZE": "2"}, pid=1) == Process(1, 2, 1, 2, "torchrun")  # torchrun's own
