@@ -109,3 +109,13 @@ def show(proc: subprocess.CompletedProcess) -> str:
 
 
 BACKENDS = pytest.mark.parametrize("backend", ["gloo", "mpi"])
+
+
+def load_docs_checks():
+    """docs/_ext/hvdtrain_docs.py (the docs' own checks: flags, runnable blocks), loaded as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hvdtrain_docs", ROOT / "docs" / "_ext" / "hvdtrain_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

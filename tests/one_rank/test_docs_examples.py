@@ -3,26 +3,18 @@ a fresh interpreter in an empty folder, and must exit 0 (issue 28). The blocks t
 in-process job, so this sits in the one-rank tier."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, load_docs_checks
 
 DOCS = ROOT / "docs"
 
 
-def load_checks():
-    spec = importlib.util.spec_from_file_location("hvdtrain_docs", DOCS / "_ext" / "hvdtrain_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-checks = load_checks()
+checks = load_docs_checks()
 BLOCKS = [(f"{page.relative_to(DOCS)}:{line}", code) for page in sorted(DOCS.rglob("*.md"))
           if "_build" not in page.parts for line, code in checks.runnable_blocks(page.read_text())]
 

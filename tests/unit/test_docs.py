@@ -4,27 +4,19 @@ check fails on a bad page built in a temp dir. The runnable examples run in test
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, load_docs_checks
 
 DOCS = ROOT / "docs"
 pytest.importorskip("sphinx", reason="the docs extra is not installed (pip install -e '.[docs]')")
 pytest.importorskip("myst_parser")
 
 
-def load_checks():
-    spec = importlib.util.spec_from_file_location("hvdtrain_docs", DOCS / "_ext" / "hvdtrain_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-checks = load_checks()
+checks = load_docs_checks()
 
 
 def sphinx_build(src: Path, out: Path) -> subprocess.CompletedProcess[str]:
