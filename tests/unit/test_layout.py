@@ -146,3 +146,9 @@ def test_no_module_reaches_into_another_modules_privates():
                 reaches += [f"{name}:{node.lineno} import {a.name}" for a in node.names
                             if a.name.startswith("_") and not a.name.startswith("__")]
     assert not reaches, reaches
+
+
+def test_test_file_names_are_unique_across_tiers():
+    """pytest imports test files by basename (no packages under tests/): two tiers with one name stop collection."""
+    names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
