@@ -14,8 +14,16 @@ from hvdtrain.errors import UserError
 from hvdtrain.output.console import console
 
 LOCK = ".hvdtrain.lock"
-# folder -> (the open, locked file, whether this claim made the folder); one training per process at a time
-_held: dict[str, tuple[int, bool]] = {}
+# folder -> (the open, locked file, the folders this claim made, deepest first); one training per process at a time
+_held: dict[str, tuple[int, tuple[Path, ...]]] = {}
+
+
+def _make(path: Path) -> tuple[Path, ...]:
+    """mkdir -p `path`; the folders it created (deepest first), so a refused run can leave none behind.
+    Raises FileExistsError when `path` was there already."""
+    missing = tuple(p for p in (path, *path.parents) if not p.exists())
+    path.mkdir(parents=True)
+    return missing
 
 
 def claim(folder: str | Path, *, fresh: bool) -> int:
@@ -32,10 +40,9 @@ def claim(folder: str | Path, *, fresh: bool) -> int:
     if earlier:
         release(path, earlier[0])  # this process's earlier run there (fit twice in a notebook) is over
     try:
-        path.mkdir(parents=True)
-        made = True
+        made = _make(path)
     except FileExistsError:
-        made = False
+        made = ()
     lock = path / LOCK
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
@@ -72,12 +79,12 @@ def claim_new(parent: str | Path, stem: str) -> tuple[Path, int]:
     while True:
         path = Path(parent) / (stem if suffix == 1 else f"{stem}-{suffix}")
         try:
-            path.mkdir(parents=True)
+            made = _make(path)
         except FileExistsError:
             suffix += 1  # two runs in the same second, e.g. fit twice in a notebook
             continue
         token = claim(path, fresh=True)
-        _held[str(path)] = (token, True)
+        _held[str(path)] = (token, made)
         return path, token
 
 
@@ -92,11 +99,11 @@ def release(folder: str | Path, token: int | None) -> None:
     if _same_file(fd, lock):
         lock.unlink(missing_ok=True)  # before unlocking: a waiter then sees the file gone and retries
     os.close(fd)
-    if made:
+    for created in made:      # a run refused before it wrote anything leaves no empty folder (nor runs/)
         try:
-            Path(folder).rmdir()  # a run refused before it wrote anything leaves no empty folder
+            created.rmdir()
         except OSError:
-            pass  # it holds the run's files
+            break             # it holds the run's files (or another run's)
 
 
 def _same_file(fd: int, path: Path) -> bool:
