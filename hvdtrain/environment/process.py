@@ -46,7 +46,7 @@ ALONE = Process(0, 1, 0, 1, "none")
 # without these every rank would silently read every sample.
 TORCH_STYLE = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 EXPORT_ENV = "HVDTRAIN_EXPORT_RANK_ENV"     # "0": leave them alone
-EXPORTED_BY_ENV = "HVDTRAIN_RANK_ENV_PID"   # the process that exported them (not torchrun, not a parent)
+EXPORTED_BY_ENV = "HVDTRAIN_RANK_ENV_BY"    # "PID:values": who exported them, and what (see from_env)
 
 # Horovod's own answer, registered by `distributed` (at most one entry).
 _HOROVOD: list[Callable[[], Process | None]] = []
@@ -66,10 +66,11 @@ def from_env(env: Mapping[str, str], pid: int | None = None) -> Process | None:
         >>> from_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
         Process(rank=1, size=2, local_rank=1, local_size=2, launcher='openmpi')
     """
-    # RANK & co. that hvdtrain exported in a parent process (a test runner, a notebook kernel, a worker
-    # starting a subprocess) say nothing about a child no launcher started.
-    exported_by = env.get(EXPORTED_BY_ENV)
-    inherited = exported_by is not None and exported_by != str(os.getpid() if pid is None else pid)
+    # RANK & co. exactly as hvdtrain exported them in a parent process (a test runner, a notebook kernel)
+    # say nothing about a child no launcher started; a launcher that set them anew (torchrun) is believed.
+    exported_pid, _, exported = env.get(EXPORTED_BY_ENV, "").partition(":")
+    inherited = bool(exported_pid) and exported_pid != str(os.getpid() if pid is None else pid) and \
+        exported == ",".join(env.get(name, "") for name in TORCH_STYLE)
     for launcher, rank_var, size_var, local_rank_var, local_size_var in LAUNCHERS:
         if not env.get(rank_var, "").strip().isdigit() or (launcher == "torchrun" and inherited):
             continue
@@ -120,5 +121,5 @@ def export_rank_env(env: MutableMapping[str, str] | None = None) -> Process | No
     if me is ALONE or me.launcher in ("torchrun", "slurm"):
         return None
     env.update(zip(TORCH_STYLE, map(str, (me.rank, me.size, me.local_rank, me.local_size)), strict=True))
-    env[EXPORTED_BY_ENV] = str(os.getpid())
+    env[EXPORTED_BY_ENV] = f"{os.getpid()}:" + ",".join(env[name] for name in TORCH_STYLE)
     return me

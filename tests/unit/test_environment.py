@@ -66,3 +66,6 @@ def test_rank_variables_exported_by_a_parent_process_do_not_make_a_child_launche
     assert from_env(child) is not None                       # this process exported them: still itself
     assert from_env(child, pid=1) is None                    # a child that inherited them: no launcher
     assert from_env({"RANK": "1", "WORLD_SIZE": "2"}, pid=1) == Process(1, 2, 1, 2, "torchrun")  # torchrun's own
+    # torchrun started by that parent sets them anew for its workers, under the inherited marker
+    relaunched = {**child, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert from_env(relaunched, pid=1) == Process(1, 2, 1, 2, "torchrun")
