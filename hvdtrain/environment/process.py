@@ -74,6 +74,8 @@ def from_env(env: Mapping[str, str], pid: int | None = None) -> Process | None:
     for launcher, rank_var, size_var, local_rank_var, local_size_var in LAUNCHERS:
         if not env.get(rank_var, "").strip().isdigit() or (launcher == "torchrun" and inherited):
             continue
+        if launcher == "pmix" and size_var not in env:
+            continue    # a bare PMIX_RANK=0 is what a singleton MPI_Init (hvd.init alone) leaves to its children
         rank = int(env[rank_var])
         size = max(_number(env, size_var, rank + 1), rank + 1)
         # Without local variables, assume one host (horovodrun -np N on a laptop); with a local rank only,
@@ -120,6 +122,9 @@ def export_rank_env(env: MutableMapping[str, str] | None = None) -> Process | No
     # workers are left to srun (and to hvd.init, which exports Horovod's own answer).
     if me is ALONE or me.launcher in ("torchrun", "slurm"):
         return None
+    ours = env.get(EXPORTED_BY_ENV, "").partition(":")[2] == ",".join(env.get(name, "") for name in TORCH_STYLE)
+    if any(name in env for name in TORCH_STYLE) and not ours:
+        return None     # set by a launcher of their own (torchrun under an MPI singleton's child): theirs win
     env.update(zip(TORCH_STYLE, map(str, (me.rank, me.size, me.local_rank, me.local_size)), strict=True))
     env[EXPORTED_BY_ENV] = f"{os.getpid()}:" + ",".join(env[name] for name in TORCH_STYLE)
     return me

@@ -17,7 +17,7 @@ from hvdtrain.environment.process import LAUNCHERS, Process, from_env
     ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
       "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, Process(1, 2, 1, 2, "openmpi")),
     ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, Process(3, 4, 1, 2, "mpich")),
-    ({"PMIX_RANK": "2"}, Process(2, 3, 2, 3, "pmix")),              # PMIx names no size: at least rank + 1
+    ({"PMIX_RANK": "2", "PMIX_SIZE": "4"}, Process(2, 4, 2, 4, "pmix")),
     ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x2)"},
      Process(3, 4, 1, 2, "slurm")),                                 # "2(x2)" is no number: local rank + 1
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}, Process(0, 2, 0, 2, "torchrun")),
@@ -29,7 +29,9 @@ def test_each_launchers_variables_give_rank_size_and_local_layout(env, expected)
     assert from_env(env) == expected
 
 
-@pytest.mark.parametrize("env", [{}, {"HOROVOD_RANK": ""}, {"OMPI_COMM_WORLD_RANK": "x"}, {"PATH": "/bin"}])
+# A bare PMIX_RANK is what a singleton MPI_Init leaves in its children's environment, not a launcher.
+@pytest.mark.parametrize("env", [{}, {"HOROVOD_RANK": ""}, {"OMPI_COMM_WORLD_RANK": "x"}, {"PATH": "/bin"},
+                                 {"PMIX_RANK": "0"}])
 def test_no_launcher_is_none_and_the_process_is_alone(env):
     assert from_env(env) is None
     assert not process.launched(env)
@@ -69,3 +71,10 @@ def test_rank_variables_exported_by_a_parent_process_do_not_make_a_child_launche
     # torchrun started by that parent sets them anew for its workers, under the inherited marker
     relaunched = {**child, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
     assert from_env(relaunched, pid=1) == Process(1, 2, 1, 2, "torchrun")
+
+
+def test_rank_variables_a_launcher_set_are_never_overwritten():
+    """torchrun's workers under a parent whose MPI singleton left PMIX/OMPI traces: RANK/WORLD_SIZE stay theirs."""
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "RANK": "1", "WORLD_SIZE": "2",
+           "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert process.export_rank_env(env) is None and env["RANK"] == "1" and env["WORLD_SIZE"] == "2"
