@@ -21,4 +21,6 @@ def test_a_rank_waiting_for_a_late_peer_sleeps_instead_of_spinning():
     rank, verdicts, cpu = results[0]
     assert rank == 0 and verdicts == [True, True]
     assert cpu["sleep"] < 0.2 * late_s, cpu
-    assert cpu["spin"] > 0.5 * late_s, cpu     # what it avoids: Horovod's own wait burns the core
+    # What it avoids: Horovod's own wait burns CPU for the whole wait. On a loaded 2-core CI machine the
+    # spinning thread gets only its share of a core (0.64 s of 1.5 s seen), so the contrast is relative.
+    assert cpu["spin"] > 0.25 * late_s and cpu["spin"] > 4 * cpu["sleep"], cpu
