@@ -326,8 +326,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="cuda: one GPU per rank by local rank, DDP and the torch sweep on NCCL (untested here)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                         help="autocast for every training variant (fp16: CUDA only, with a GradScaler)")
+    parser.add_argument("--hosts", default="", metavar="N[,N...]",
+                        help="network mode (benchmarks/network.py): N network-namespace hosts, one rank each, "
+                             "every link limited to --link by tc tbf (root); e.g. 2,3")
+    parser.add_argument("--link", default="1gbit", help="with --hosts: each host's link rate, tc syntax (1gbit)")
     args = parser.parse_args(argv)
-    if args.smoke:
+    if args.hosts and args.smoke:
+        # network smoke (CI): the tiny MLP, hvdtrain-gloo and DDP over 2 hosts, one round
+        args.steps, args.warmup, args.models, args.backends = 4, 1, "mlp", "gloo"
+    elif args.smoke:
         # Every launcher and code path once, as small as possible: the MLP with every variant (Gloo
         # only, two rounds of the cheap np=1 group, one at np=2: each horovodrun start costs seconds),
         # then the real-size workloads at toy sizes, light variant sets (see variants()).
@@ -455,6 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("horovodrun", path=str(BIN)) is None:
         print("benchmarks: horovodrun is not in this Python's bin folder; run `make setup` first", file=sys.stderr)
         return 2
+    if args.hosts:
+        from benchmarks.network import main_network
+
+        return main_network(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = run(args, partial=out / "results.partial.json")

@@ -102,6 +102,9 @@ class StepClock:
         self.stamps: list[float] = []
         self.cpu_stamps: list[float] = []  # CPU time of the whole process (all its threads)
         self.ledger, self.warmup, self.total, self.sync = ledger, warmup, total, sync
+        # benchmarks.network: the host's interface, counted over exactly the timed steps (one rank per host)
+        self.iface = os.environ.get("BENCH_IFACE", "")
+        self.tx: list[int | None] = []
         model.register_forward_pre_hook(self._stamp)
 
     def _stamp(self, module: nn.Module, args: Any) -> None:
@@ -117,6 +120,16 @@ class StepClock:
             self.ledger.start()  # per-thread CPU over exactly the timed steps
         if self.ledger is not None and len(self.stamps) == self.total:
             self.ledger.stop()
+        if self.iface and len(self.stamps) in (self.warmup + 1, self.total):
+            self.tx.append(tx_bytes(self.iface))
+
+    def tx_bytes_per_step(self) -> float | None:
+        """Bytes this host sent per timed step (counters, not assumed), None where not counted."""
+        if len(self.tx) != 2 or None in self.tx or self.total - self.warmup - 1 <= 0:
+            return None
+        first, last = self.tx
+        assert first is not None and last is not None
+        return (last - first) / (self.total - self.warmup - 1)
 
     def step_ms(self, warmup: int) -> list[float]:
         return _gaps_ms(self.stamps)[warmup:]
@@ -125,6 +138,15 @@ class StepClock:
         """CPU time per step. With the rank pinned to one core, cpu / wall near 1 means that core had
         no idle time left in which communication could have overlapped compute."""
         return _gaps_ms(self.cpu_stamps)[warmup:]
+
+
+def tx_bytes(iface: str) -> int | None:
+    """Bytes this network namespace has sent through `iface` (/proc/net/dev is per namespace), or None."""
+    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+        name, _, counters = line.partition(":")
+        if name.strip() == iface:
+            return int(counters.split()[8])  # receive has 8 fields (bytes first), then transmit bytes
+    return None
 
 
 def _gaps_ms(stamps: list[float]) -> list[float]:
@@ -290,7 +312,19 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
             "core": core, "device": device.type, "precision": args.precision, "params": params,
             "grad_bytes": 4 * params, "batch_size": config.batch_size,
             "step_ms": times, "best_ms": min(times), "median_ms": statistics.median(times),
-            "cpu_ms": cpu, "median_cpu_ms": statistics.median(cpu), "threads_cpu": threads}
+            "cpu_ms": cpu, "median_cpu_ms": statistics.median(cpu), "threads_cpu": threads,
+            "tx_bytes_per_step": clock.tx_bytes_per_step(), "compression": compression(args)}
+
+
+def compression(args: argparse.Namespace) -> str:
+    """What the hvdtrain variant put on the wire (its --compression), 'none' for every other variant."""
+    flags = args.hvdtrain_args.split() if args.variant == "hvdtrain" else []
+    for index, flag in enumerate(flags):
+        if flag.startswith("--compression="):
+            return flag.split("=", 1)[1]
+        if flag == "--compression" and index + 1 < len(flags):
+            return flags[index + 1]
+    return "none"
 
 
 def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
@@ -365,6 +399,10 @@ def main() -> None:
                         "e.g. '--nonfinite-limit 0'")
     args = parser.parse_args()
     result = run_sweep(args) if args.variant.startswith("bw-") else run_steps(args)
+    if args.result and os.environ.get("BENCH_IFACE") and result.get("tx_bytes_per_step") is not None:
+        # every rank's own counter (benchmarks.network): the hosts share this filesystem
+        Path(f"{args.result}.rank{result['rank']}").write_text(json.dumps(
+            {"rank": result["rank"], "tx_bytes_per_step": result["tx_bytes_per_step"]}))
     if result["rank"] == 0:
         if args.result:
             # A file, not only stdout: launchers may split or interleave a long line (seen under --mpi).

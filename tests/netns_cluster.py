@@ -1,9 +1,10 @@
 """Several real hosts on one machine: network namespaces on a bridge, one sshd per host.
 
-Used by test_two_hosts.py. Each host namespace runs its own /usr/sbin/sshd under `unshare --uts`
-(so it has its own host name); a launcher namespace runs horovodrun. Only addresses inside our own
-namespaces are used (10.77.0.0/24 on a bridge with no address in the root namespace, so nothing
-is routed anywhere else). Keys live in a temporary folder; nothing is written to ~/.ssh.
+Used by the cluster tests and by benchmarks/network.py (imported as tests.netns_cluster). Each host
+namespace runs its own /usr/sbin/sshd under `unshare --uts` (so it has its own host name); a
+launcher namespace runs horovodrun. Only addresses inside our own namespaces are used (10.77.0.0/24
+on a bridge with no address in the root namespace, so nothing is routed anywhere else). Keys live
+in a temporary folder; nothing is written to ~/.ssh.
 
 Why each piece is there (see shared/ENVIRONMENT.md):
 - every namespace names its interface the same (`hvd0`): Horovod intersects interface names across
@@ -146,6 +147,19 @@ class NamespaceCluster:
         assert node.sshd is not None
         return os.readlink(f"/proc/{node.sshd.pid}/ns/net")
 
+    def veth(self, node: Node) -> str:
+        """The bridge-side end of a node's link, in the root namespace (its peer is the node's IFACE)."""
+        return f"{self.prefix}v{self.nodes.index(node)}"
+
+    def limit(self, node: Node, rate: str) -> None:
+        """Limit a node's link to `rate` (tc syntax: 1gbit, 500mbit) each way, like a switch port: a tbf
+        on its IFACE (what it sends) and on the bridge-side veth (what it receives). The kernel here has
+        tbf, not netem. The burst holds a few of veth's 64 KB GSO packets, or 2 ms at the rate."""
+        burst = max(256 * 1024, int(rate_bits(rate) / 8 * 0.002))
+        tbf = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
+        self.exec(node, "tc", "qdisc", "replace", "dev", IFACE, *tbf)
+        _run("tc", "qdisc", "replace", "dev", self.veth(node), *tbf)
+
     # ------------------------------------------------------------ teardown
 
     def cleanup(self) -> list[str]:
@@ -196,6 +210,15 @@ def _kill_namespace_processes(namespace: str) -> list[str]:
             time.sleep(0.2)
     left = pids()
     return [f"processes {left} still in {namespace}"] if left else []
+
+
+def rate_bits(rate: str) -> float:
+    """tc's rate syntax in bits per second: '1gbit' -> 1e9, '500mbit' -> 5e8, '100kbit' -> 1e5."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.lower().endswith(unit) and rate[:-len(unit)].replace(".", "", 1).isdigit():
+            return float(rate[:-len(unit)]) * scale
+    raise ValueError(f"link rate {rate!r}: expected a number and gbit/mbit/kbit, e.g. 1gbit")
 
 
 def _remove_if_empty(path: Path) -> None:

@@ -1,0 +1,56 @@
+"""The network benchmark (benchmarks/network.py) end to end at its smoke size: two namespace hosts on
+tbf-limited links, DDP and hvdtrain over Gloo, bytes counted on each host's interface. No timings asserted."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, show
+from netns_cluster import SSHD, rate_bits
+
+from benchmarks.netreport import ring_bound_ms
+
+
+def test_ring_bound_and_link_rates():
+    # 2(n-1)/n * S / B: 45 MB of gradients on 2 ranks at 1 Gbit/s take at least 0.36 s
+    assert ring_bound_ms(45e6, 2, 1e9) == pytest.approx(360.0)
+    assert ring_bound_ms(45e6, 3, 1e9) == pytest.approx(480.0)
+    assert ring_bound_ms(45e6, 1, 1e9) == 0.0
+    assert rate_bits("1gbit") == 1e9 and rate_bits("500mbit") == 5e8 and rate_bits("2.5gbit") == 2.5e9
+    with pytest.raises(ValueError, match="1gbit"):
+        rate_bits("fast")
+
+
+def test_network_smoke_run_counts_the_bytes_each_host_sent(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates network namespaces, runs sshd, sets tc qdiscs (CI runs as root)")
+    for tool in ("ip", "tc", "unshare", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"no {tool} on PATH (Debian: iproute2, util-linux, openssh-client)")
+    if not Path(SSHD).exists():
+        pytest.skip(f"no {SSHD}: install Debian's openssh-server")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--hosts", "2", "--link", "1gbit", "--smoke",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, show(proc)
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["meta"]["link_bits"] == 1e9 and result["meta"]["network"]
+    rows = result["groups"]["mlp/np2"]
+    assert set(rows) == {"ddp", "hvdtrain-gloo"}
+    for name, row in rows.items():
+        assert row["failed"] == 0 and row["np"] == 2, (name, row)
+        # every rank's host sent at least what a ring allreduce of the gradients must send
+        # (2(n-1)/n x S; more for headers and Horovod's coordination), counted on its own interface
+        ring_bytes = 2 * (2 - 1) / 2 * row["grad_bytes"]
+        assert len(row["tx_bytes_per_rank"]) == 2 and min(row["tx_bytes_per_rank"]) >= ring_bytes, (name, row)
+        assert row["ring_bound_ms"] == pytest.approx(ring_bound_ms(row["grad_bytes"], 2, 1e9))
+        assert 0 <= row["others_cpu_share"][0] <= 1 and len(row["loadavg"][0]) == 3
+    assert "hvdtrain_gloo_vs_ddp" in result["ratios"]["mlp/np2"]
+    assert "bound ms" in (tmp_path / "results.md").read_text()
+    # the cluster is gone: no namespace of this run left behind
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert result["meta"]["namespace_prefix"] not in after
