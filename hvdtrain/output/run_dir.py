@@ -12,15 +12,46 @@ from torch import nn
 
 from hvdtrain.config.train_config import TrainConfig, to_yaml
 from hvdtrain.errors import UserError
-from hvdtrain.output.claim import claim, claim_new
+from hvdtrain.output.claim import claim, claim_new, release
 from hvdtrain.output.console import console
 from hvdtrain.output.files import atomic_write, write_text
 from hvdtrain.tracking import Tracker, start, system
+
+# The folder `claim_early` took for a run whose data is still loading, for its Trainer to take over.
+_early: list[tuple[tuple[str, str, str], dict[str, Any]]] = []
+
+
+def _names(config: TrainConfig) -> tuple[str, str, str]:
+    return config.run_dir, config.name, config.resume
+
+
+def claim_early(config: TrainConfig) -> dict[str, Any]:
+    """plan_run_dir before the data loads (hvdtrain.fit): a refused run is told in one line without first
+    loading a dataset that may take minutes. The Trainer built next for this run takes the claim over."""
+    plan = _claim(config)
+    _early[:] = [(_names(config), plan)]
+    return plan
+
+
+def drop_early() -> None:
+    """Give back a claim_early folder no Trainer took over (the data or model failed to build): a run that
+    stopped before writing anything leaves no folder behind."""
+    if _early:
+        _, plan = _early.pop()
+        if plan["claim"] is not None:
+            release(plan["path"], plan["claim"])
 
 
 def plan_run_dir(config: TrainConfig) -> dict[str, Any]:
     """Claim runs/<name> for this run (see output/claim.py); refuse a folder another run holds or uses.
     run_dir '' writes nothing. The error, if any, is returned for rank 0 to share with every rank."""
+    if _early and _early[0][0] == _names(config):
+        return _early.pop()[1]
+    drop_early()        # claimed for another run's fit()
+    return _claim(config)
+
+
+def _claim(config: TrainConfig) -> dict[str, Any]:
     if not config.run_dir:
         return {"path": None, "error": None, "claim": None}
     try:

@@ -23,7 +23,7 @@ from hvdtrain.models.pipeline import place
 from hvdtrain.output.claim import release
 from hvdtrain.output.console import banner_lines, console
 from hvdtrain.output.history import History
-from hvdtrain.output.run_dir import RunLog, plan_run_dir
+from hvdtrain.output.run_dir import RunLog, claim_early, drop_early, plan_run_dir
 from hvdtrain.train import checkpoint
 from hvdtrain.train.batch import to_device
 from hvdtrain.train.device import pick_device, threads_per_worker
@@ -500,7 +500,18 @@ def fit(config: TrainConfig) -> History:
         >>> history = hvdtrain.fit(hvdtrain.load_config(model="mlp", epochs=5))
     """
     torch.manual_seed(config.seed)
-    data = build_data(config)
-    model = build_model(config, input_shape(data.train), data.num_classes)
-    return Trainer(model, data.train, data.val, config=config).fit()
+    if not config.elastic:  # (elastic: a joining worker makes no collective call before the first sync)
+        # Horovod: started before the data loads, so a run refused its folder stops before loading anything.
+        world = runtime.init(settings.horovod_env(config))
+        plan = claim_early(config) if world.is_root else None
+        refused = collectives.broadcast_object(plan and plan["error"], name="run_dir_claim")
+        if refused:
+            raise UserError(refused)
+    try:
+        data = build_data(config)
+        model = build_model(config, input_shape(data.train), data.num_classes)
+        trainer = Trainer(model, data.train, data.val, config=config)
+    finally:
+        drop_early()    # the Trainer took the folder over, or it was never built: either way not held here
+    return trainer.fit()
 
