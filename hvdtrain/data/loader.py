@@ -4,7 +4,8 @@ Each epoch torch draws one base seed from the loader's generator and seeds loade
 base + w (torch, `random` and numpy). Every rank would draw the same base seed from the same
 global seed and repeat the other ranks' random augmentations, so the generator here is seeded
 from (seed, rank): the same run reproduces the same augmentations, and no two (rank, worker) pairs
-share a stream.
+share a stream. Over a sharded Dataset, workers go further and seed each sample from (seed, epoch,
+index) (data/sample_seeds.py), so a run resumed mid-epoch draws the same augmentations as one never stopped.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.data.sample_seeds import EpochIndices, SeededSamples
+from hvdtrain.data.sharding import ShardSampler
 from hvdtrain.data.user_loader import LoaderSettings
 
 
@@ -39,7 +42,7 @@ def loader_options(config: TrainConfig, rank: int, device: torch.device) -> dict
     return options
 
 
-def build_loader(data: Any, sampler: Sampler[int] | None, config: TrainConfig, rank: int,
+def build_loader(data: Any, sampler: Sampler[Any] | None, config: TrainConfig, rank: int,
                  device: torch.device, settings: LoaderSettings | None = None) -> DataLoader:
     """The training loader over `sampler`'s shard (the sampler decides order; workers only load).
     A streaming dataset (sampler None) shards itself across ranks and loader workers. `settings` (from a
@@ -58,6 +61,9 @@ def build_loader(data: Any, sampler: Sampler[int] | None, config: TrainConfig, r
         # A stream's workers read the epoch and position set on the dataset when the epoch's iterator is
         # made: persistent workers would keep the first epoch's copy.
         options["persistent_workers"] = False
+    if isinstance(sampler, ShardSampler) and options.get("num_workers"):
+        # Augmentations drawn per sample, not per worker stream: a mid-epoch resume draws what it would have.
+        data, sampler = SeededSamples(data, config.seed), EpochIndices(sampler)
     batch_size = settings.batch_size if settings is not None else config.batch_size
     collate = settings.collate_fn if settings is not None else None
     return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate, **options)

@@ -67,7 +67,9 @@ def evaluate(model: nn.Module, data: Any, loss_fn: LossFn, step_fn: StepFn | Non
     model.eval()
     sums = metrics.zeros(device)
     shard = Subset(data, eval_shard(len(data), world.rank, world.size))
-    for batch in DataLoader(shard, batch_size=batch_size, collate_fn=collate):
+    # Its own generator: a DataLoader without one draws its seed from the global RNG, so an evaluation at a
+    # mid-epoch stop would move training's random draws away from those of a run that did not stop there.
+    for batch in DataLoader(shard, batch_size=batch_size, collate_fn=collate, generator=torch.Generator()):
         out = run_step(model, to_device(batch, device), loss_fn, step_fn)
         sums += metrics.batch_sums(out.loss, out.n, out.extras, out.outputs, out.targets)
     # Horovod: sums, not averages, so unequal shards weigh correctly.
