@@ -38,6 +38,7 @@ class MlflowSink:
         self.artifact_root = artifact_root or run_dir.resolve().parent / "mlartifacts"
         self.client: Any = None
         self.run_id = ""
+        self.resumed = False
 
     @property
     def shown_uri(self) -> str:
@@ -60,6 +61,7 @@ class MlflowSink:
         known = self._known_run()
         if known:
             self.run_id = known.info.run_id
+            self.resumed = True
             self.client.update_run(self.run_id, status="RUNNING")
             # Params are write-once in MLflow: a resumed run keeps the values it started with.
             params = {k: v for k, v in params.items() if k not in known.data.params}
@@ -81,6 +83,14 @@ class MlflowSink:
         items = [Metric(name, value, stamp, step) for name, value, step, stamp in metrics]
         for first in range(0, len(items), METRICS_PER_CALL):
             self.client.log_batch(self.run_id, metrics=items[first:first + METRICS_PER_CALL], synchronous=True)
+
+    def logged_steps(self) -> dict[str, int]:
+        """The last step of each metric the run already holds ({} for a new run): one call per metric, once."""
+        if not self.resumed:
+            return {}
+        names = self.client.get_run(self.run_id).data.metrics
+        return {name: max((m.step for m in self.client.get_metric_history(self.run_id, name)), default=-1)
+                for name in names}
 
     def close(self, artifacts: Sequence[Path], status: str) -> None:
         for path in artifacts:

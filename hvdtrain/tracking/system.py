@@ -3,8 +3,8 @@
 Metrics are named by host, `system/<host>/cpu_percent`, so a run on several hosts shows every node, not only
 node 0's. A background thread samples every MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds (MLflow's own
 setting; default 10, 0 = off). On rank 0 the samples go straight to its tracker; on another host's local
-rank 0 they wait in `drain()` for the trainer to gather them to rank 0 at a log interval (only rank 0 holds
-the run: other hosts may not reach the embedded store at all).
+rank 0 they wait in `drain()` for the trainer to gather them to rank 0 at each epoch's end and at the end of
+`fit` (only rank 0 holds the run: other hosts may not reach the embedded store at all).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from hvdtrain.environment import process
+from hvdtrain.tracking import context
 
 INTERVAL_ENV = "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"
 DEFAULT_S = 10.0
@@ -96,6 +97,25 @@ class SystemSampler:
                     self.pending.extend(taken)
 
 
+def interval_s(env: Mapping[str, str]) -> float:
+    """The sampling interval MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL asks for (0 = off; unreadable: the default)."""
+    try:
+        return float(env.get(INTERVAL_ENV) or DEFAULT_S)
+    except ValueError:
+        return DEFAULT_S
+
+
+def gathered(tracking: str, env: Mapping[str, str] | None = None) -> bool:
+    """Rank 0 asks: will this run be tracked with system metrics, so other hosts' samplers should run for it?
+
+    Example:
+        >>> gathered("mlflow", {INTERVAL_ENV: "5"}), gathered("none", {}), gathered("mlflow", {INTERVAL_ENV: "0"})
+        (True, False, False)
+    """
+    env = os.environ if env is None else env
+    return context.resolve(tracking, env) != "none" and interval_s(env) > 0
+
+
 def start(emit: Callable[[list[Sample]], None] | None = None,
           env: Mapping[str, str] | None = None) -> SystemSampler | None:
     """A sampler on this host's local rank 0 (None elsewhere, or when the interval is 0).
@@ -104,10 +124,7 @@ def start(emit: Callable[[list[Sample]], None] | None = None,
         >>> sampler = start(tracker.record_system)  # doctest: +SKIP
     """
     env = os.environ if env is None else env
-    try:
-        interval = float(env.get(INTERVAL_ENV) or DEFAULT_S)
-    except ValueError:
-        interval = DEFAULT_S
+    interval = interval_s(env)
     if interval <= 0 or process.current().local_rank != 0:
         return None
     return SystemSampler(interval, emit)

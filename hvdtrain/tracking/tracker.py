@@ -43,6 +43,8 @@ class Sink(Protocol):
 
     def close(self, artifacts: list[Path], status: str) -> None: ...
 
+    def logged_steps(self) -> dict[str, int]: ...
+
 
 class Tracker:
     """Rank 0's one tracked run. Call `record()` per metrics record and `finish()` once at the end."""
@@ -70,7 +72,7 @@ class Tracker:
     def record_system(self, samples: list[tuple[str, float, int, int]]) -> None:
         """System metrics, (name, value, step, unix ms) each, from tracking/system.py: queued, never waited for."""
         if not self.failed and samples:
-            self.queue.put(("metrics", list(samples)))
+            self.queue.put(("system", list(samples)))
 
     def finish(self, run_dir: Path, status: str = "FINISHED", wait_s: float = FLUSH_S) -> None:
         """Send what is left and the run folder's files, then end the run; waits at most `wait_s`."""
@@ -92,6 +94,10 @@ class Tracker:
     def _work(self, params: dict[str, str], tags: dict[str, str]) -> None:
         try:
             self.say(f"tracking: {self.sink.open(params, tags)}")
+            # A resumed run already holds its first process's metrics, up to the kill: the steps redone since
+            # the last checkpoint are not logged twice, and each sampler's count (from 0 in every process)
+            # follows on from the last one's.
+            high = self.sink.logged_steps()
         except Exception as err:  # any failure of a tracker is its own, never the training's
             self._fail(f"cannot log to {self.sink.where} ({first_line(err)})")
             return
@@ -102,7 +108,10 @@ class Tracker:
                     batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
-            metrics = [m for kind, item in batch if kind == "metrics" for m in item]
+            metrics = [(name, value, step, stamp) for kind, item in batch if kind == "metrics"
+                       for name, value, step, stamp in item if step > high.get(name, -1)]
+            metrics += [(name, value, step + high.get(name, -1) + 1, stamp) for kind, item in batch
+                        if kind == "system" for name, value, step, stamp in item]
             closing = next((item for kind, item in batch if kind == "close"), None)
             try:
                 if metrics:

@@ -24,6 +24,7 @@ from hvdtrain.output.claim import release
 from hvdtrain.output.console import banner_lines, console
 from hvdtrain.output.history import History
 from hvdtrain.output.run_dir import RunLog, claim_early, drop_early, plan_run_dir
+from hvdtrain.tracking import system
 from hvdtrain.train import checkpoint
 from hvdtrain.train.batch import to_device
 from hvdtrain.train.device import pick_device, threads_per_worker
@@ -139,6 +140,8 @@ class Trainer:
         self.after_epoch: AfterEpoch | None = None
         self.samples_this_fit = 0       # trained by all ranks in the current fit() call (its samples/s)
         self.elastic: ElasticRun | None = None
+        self.host_sampler: system.SystemSampler | None = None  # another host's CPU/memory, for rank 0's tracker
+        self.gather_system = False      # elastic runs change hosts mid-run: rank 0's host alone is sampled
         if config.elastic:
             # Horovod elastic: no collective call here (a joining worker makes none before the first sync).
             start: dict[str, Any] = {"plan": plan, "resume": None}
@@ -146,7 +149,12 @@ class Trainer:
                 start["resume"] = read_on_root(config, plan["path"], self.model, self.optimizer)
             self.elastic = ElasticRun(self, self.model, self.optimizer, start)
         else:
+            if plan is not None:  # rank 0's tracker decides whether the other hosts sample for it
+                plan["system_hosts"] = bool(plan["path"]) and system.gathered(config.tracking)
             plan = collectives.broadcast_object(plan, name="run_dir_plan")
+            self.gather_system = bool(plan.get("system_hosts"))
+            if self.gather_system and not world.is_root:   # rank 0's own host is sampled by its tracker
+                self.host_sampler = system.start()            # None unless this is its host's local rank 0
             found = None
             if config.resume and not plan["error"]:
                 found = read_on_root(config, plan["path"], self.model, self.optimizer) if world.is_root else None
@@ -341,6 +349,7 @@ class Trainer:
 
     def _end_epoch(self, p: Progress, lr_factor: float, seconds: float, steps: int, seen: int) -> None:
         total, signum, seen_all = self._reduce(p, "epoch_stats", seen)
+        self._gather_system()
         self.samples_this_fit += seen_all
         # Horovod: one set of BatchNorm statistics for evaluation and the saved model (SyncBatchNorm keeps
         # them equal already).
@@ -363,6 +372,16 @@ class Trainer:
         console.epoch_row(record, header=len(self.history) == 1)
         if signum:
             self._stop(p, signum)
+
+    def _gather_system(self) -> None:
+        """Horovod: every host's system samples since the last call reach rank 0, which alone holds the run
+        (one small allgather an epoch; other hosts may not even reach its store)."""
+        if not self.gather_system:
+            return
+        per_rank = collectives.allgather_object(self.host_sampler.drain() if self.host_sampler else [],
+                                                name="system_samples")
+        if self.log and self.log.tracker:
+            self.log.tracker.record_system([sample for samples in per_rank for sample in samples])
 
     def _judge(self, p: Progress) -> None:
         """Best weights and early stopping on config.monitor, after each finished epoch."""
@@ -455,6 +474,7 @@ class Trainer:
 
     def _finish(self, wall: float) -> None:
         p = self.progress
+        self._gather_system()   # the samples since the last epoch's end
         # Horovod: proof that every replica took the same steps and ended with the same weights.
         per_rank = collectives.allgather_object((p.step, param_digest(self.model)), name="final_state")
         last = self.history[-1] if self.history else {}
