@@ -75,8 +75,10 @@ def commands(spec: dict[str, Any], np: int, cluster: NamespaceCluster, worker: l
         return [in_namespace(cluster, node, str(BIN / "torchrun"), f"--nnodes={np}", "--nproc-per-node=1",
                              "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}", f"--rdzv-id={run_id}",
                              "--no-python", *python) for node in hosts]
-    mpi = (["--mpi-args", f"-mca pml ob1 -mca btl tcp,self -mca btl_tcp_if_include {IFACE} "
-                          f"-mca oob_tcp_if_include {IFACE}"] if spec["backend"] == "mpi" else [])
+    # horovodrun passes `-mca pml ob1 -mca btl ^openib` itself (a second pml is refused): only the
+    # interface, so Open MPI's TCP traffic and its out-of-band channel use the limited link
+    mpi = (["--mpi-args", f"-mca btl_tcp_if_include {IFACE} -mca oob_tcp_if_include {IFACE}"]
+           if spec["backend"] == "mpi" else [])
     launch = [str(BIN / "horovodrun"), "-np", str(np), "-H", ",".join(f"{n.role}:1" for n in hosts),
               "-p", str(SSH_PORT), "-i", str(cluster.key), "--network-interfaces", IFACE,
               "--start-timeout", "120", "--disable-cache", f"--{spec['backend']}", *mpi, *python]
