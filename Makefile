@@ -5,7 +5,7 @@ VENV ?= .venv
 # (only the torch install uses that index; everything else still comes from PyPI)
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
-EXTRAS ?= dev,notebook,spark,tensorboard,tune,compress,hf,streaming,tracking,docs
+EXTRAS ?= dev,notebook,spark,ray,tensorboard,tune,compress,hf,streaming,tracking,docs
 NP ?= 2
 ARGS ?=
 STAMP := $(VENV)/.hvdtrain-setup-ok

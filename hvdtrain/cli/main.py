@@ -11,7 +11,7 @@ from hvdtrain.errors import UserError
 
 # Each is hvdtrain/cli/NAME.py with parser(commands=None) and main(args) -> exit code. A module imports
 # heavy things (torch, Horovod, Optuna) inside main, so `--help` and the other subcommands stay fast.
-SUBCOMMANDS = ("train", "predict", "compress", "tune", "doctor", "hosts", "spark", "launch")
+SUBCOMMANDS = ("train", "predict", "compress", "tune", "doctor", "hosts", "spark", "ray", "launch")
 
 
 def _module(name: str) -> ModuleType:

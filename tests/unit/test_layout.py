@@ -12,7 +12,7 @@ PACKAGE = ROOT / "hvdtrain"
 # Lowest first. A package may import itself and any package of a LOWER layer, nothing else.
 # tracking sits just below output: RunLog (output) hands it rank 0's records; it needs only config and the rank.
 LAYERS = [["errors"], ["environment"], ["config"], ["tracking"], ["distributed", "output", "cluster"],
-          ["data", "models"], ["train"], ["launcher", "compression"], ["spark", "tuning"], ["cli"]]
+          ["data", "models"], ["train"], ["launcher", "compression"], ["spark", "ray", "tuning"], ["cli"]]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 

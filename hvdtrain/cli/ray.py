@@ -1,0 +1,71 @@
+"""`hvdtrain ray [--address ADDR] [--np N] [--cpus-per-worker C] [--gpus-per-worker G] [--config FILE]
+[--key value ...]`: train on a Ray cluster, one Horovod worker per Ray actor.
+
+Run it where Ray can reach the cluster: on a node of it, from a driver machine with `--address`, or
+as a Ray job (`ray job submit --address http://HEAD:8265 -- hvdtrain ray --np 4 ...`), where RAY_ADDRESS
+already points at the cluster.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvdtrain.cli.args import Commands, Parser, command_parser
+from hvdtrain.cli.options import add_options, values
+from hvdtrain.config.fields import option
+from hvdtrain.errors import UserError
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    address: str = option("", "Ray cluster (HOST:6379, ray://HOST:10001, auto); default: RAY_ADDRESS, "
+                              "else a local Ray")
+    np: int = option(2, "Horovod workers (Ray actors)")
+    cpus_per_worker: int = option(1, "CPUs each actor reserves")
+    gpus_per_worker: int = option(0, "GPUs each actor reserves (each worker trains on its own)")
+    strategy: str = option("SPREAD", "placement group strategy", choices=("PACK", "SPREAD", "STRICT_PACK",
+                                                                          "STRICT_SPREAD"))
+    start_timeout: int = option(120, "seconds for Ray to place every actor")
+
+    def __post_init__(self) -> None:
+        for key in ("np", "start_timeout"):
+            if getattr(self, key) < 1:
+                raise UserError(f"ray: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
+        for key in ("cpus_per_worker", "gpus_per_worker"):
+            if getattr(self, key) < 0:
+                raise UserError(f"ray: --{key.replace('_', '-')} must be >= 0, got {getattr(self, key)}")
+        if self.cpus_per_worker + self.gpus_per_worker == 0:
+            raise UserError("ray: each worker needs a CPU or a GPU; give --cpus-per-worker or --gpus-per-worker")
+        if self.strategy.upper() not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise UserError(f"ray: --strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, "
+                            f"got {self.strategy!r}")
+
+
+def parser(commands: Commands | None = None) -> Parser:
+    p = command_parser(commands, "ray", __doc__, config=True)
+    add_options(p, RayOptions)
+    return p
+
+
+def main(args: list[str]) -> int:
+    """Train the config given by `args` on Ray; exit 0, 2 for a user error (on any rank), 1 for a crash."""
+    from hvdtrain.errors import WorkerError
+    from hvdtrain.output.console import console
+    from hvdtrain.ray.runner import fit
+
+    parsed, config = parser().parse_with_config(args)  # bad keys fail here, before Ray starts
+    options = RayOptions(**values(parsed, RayOptions))
+    try:
+        history = fit(config, num_workers=options.np, cpus_per_worker=options.cpus_per_worker,
+                      gpus_per_worker=options.gpus_per_worker, address=options.address or None,
+                      strategy=options.strategy, start_timeout=options.start_timeout)
+    except WorkerError as err:
+        if err.user_error:
+            console.error(f"error: {err.user_error}")
+            return 2
+        console.error(f"error: {err}")
+        return 1
+    summary = history.summary
+    acc = summary.get("val_acc")
+    console.line(f"hvdtrain: ray run done: {summary['workers']} worker(s), val_acc "
+                 f"{'-' if acc is None else f'{acc:.4f}'}, run dir {summary['run_dir'] or '(none)'}")
+    return 0

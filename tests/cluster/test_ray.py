@@ -1,0 +1,139 @@
+"""Ray: hvdtrain.ray.fit and `hvdtrain ray` on a real Ray cluster: a head and two worker nodes, each its own
+`ray start` process with its own node id and loopback address (tests/ray_support.py).
+
+ray is a default extra of `make setup`, so it is imported, not skipped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import ray  # noqa: F401 - a missing ray is a setup bug (EXTRAS in the Makefile), not a skip
+from conftest import ROOT, show
+from ray_support import RayCluster, fit_and_report
+
+import hvdtrain
+import hvdtrain.ray
+
+# A rank lost with its node must surface as a WorkerError within this, never a hang: Ray reports the
+# actor dead once its raylet is gone, and the surviving rank's Gloo connection to it breaks at once.
+LOST_NODE_BOUND_S = 90
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Short: Ray's Unix socket paths (under the temp dir) must stay under 108 characters.
+    folder = Path(tempfile.mkdtemp(prefix="hvdray-", dir="/tmp"))
+    nodes = RayCluster(folder, workers=2)
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _node_ids(cluster: RayCluster) -> dict[str, str]:
+    """Node id -> node IP, from the head's state API."""
+    from ray.util.state import list_nodes
+
+    return {n.node_id: n.node_ip for n in list_nodes(address=cluster.dashboard)}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--np", "0"], "ray: --np must be >= 1, got 0"),
+    (["--cpus-per-worker", "0"], "ray: each worker needs a CPU or a GPU; give --cpus-per-worker or "
+                                 "--gpus-per-worker"),
+])
+def test_ray_cli_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain", "ray", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 2, show(proc)
+    assert proc.stderr.strip() == f"hvdtrain: error: {message}", show(proc)
+
+
+def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray(cluster, tmp_path):
+    """Rank 0's History comes back; both actors ran on different worker nodes; the weights equal horovodrun's
+    (hvdtrain.launch) with the same seed; a credential reaches the workers but no command line or Ray metadata."""
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    config = hvdtrain.load_config(run_dir=str(tmp_path), name="ray", threads=1)
+    reports = hvdtrain.ray.fit(fit_and_report, config, "HVDTRAIN_RAYTEST_TOKEN", num_workers=2,
+                               address=cluster.address, all_ranks=True, env={"HVDTRAIN_RAYTEST_TOKEN": secret})
+
+    nodes = _node_ids(cluster)
+    placed = [r["node_id"] for r in reports]
+    assert len(set(placed)) == 2, placed
+    assert {nodes[n] for n in placed} == set(cluster.worker_ips), (placed, nodes)
+
+    history = reports[0]["history"]
+    assert len(history) == 10 and history.summary["workers"] == 2
+    assert history[-1]["val_acc"] >= 0.95, history.table()
+    assert history[-1]["val_samples"] == 359  # the whole held-out split, once
+    digests = history.summary["param_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert json.loads((tmp_path / "ray" / "summary.json").read_text())["param_digests"] == digests
+
+    # Credentials: delivered, and visible nowhere a cluster user could look.
+    assert [r["secret"] for r in reports] == [secret, secret]
+    assert [r["on_command_lines"] for r in reports] == [[], []]
+    from ray.util.state import list_actors, list_jobs, list_placement_groups, list_tasks, list_workers
+
+    for listing in (list_actors, list_tasks, list_workers, list_placement_groups):
+        shown = repr(listing(address=cluster.dashboard, detail=True, limit=1000))
+        assert secret not in shown, listing.__name__
+    assert secret not in repr(list_jobs(address=cluster.dashboard))
+
+    # The same trainer, not a Ray copy of it: horovodrun's workers end with the very same weights.
+    launched = hvdtrain.launch(hvdtrain.load_config(run_dir="", threads=1), np=2)
+    assert launched.summary["param_digests"] == digests
+    assert launched[-1]["val_loss"] == pytest.approx(history[-1]["val_loss"], abs=1e-6)
+
+
+def test_ray_job_submit_runs_the_cli_against_the_cluster(cluster, tmp_path):
+    """`ray job submit -- hvdtrain ray ...`: the job's driver runs on the head, RAY_ADDRESS set by Ray."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "ray"), "job", "submit", "--address",
+                           cluster.dashboard, "--", "hvdtrain", "ray", "--np", "2", "--epochs", "2",
+                           "--run-dir", str(tmp_path), "--name", "job"],
+                          env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, show(proc)
+    assert "hvdtrain: ray run done: 2 worker(s)" in proc.stdout, show(proc)
+    # Each worker's lines come back tagged with its rank and node.
+    assert re.search(r"\(hvdtrain rank 0 pid=\d+, ip=127\.0\.0\.1[12]\).*hvdtrain: done", proc.stdout), show(proc)
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["workers"] == 2 and len(set(summary["param_digests"])) == 1, summary
+
+
+def test_a_worker_node_killed_mid_run_is_a_worker_error_naming_rank_and_node(cluster, tmp_path):
+    """Last in this module: it kills a node of the shared cluster."""
+    proc = subprocess.Popen([sys.executable, "-m", "hvdtrain", "ray", "--address", cluster.address, "--np", "2",
+                             "--epochs", "200", "--run-dir", str(tmp_path), "--name", "lost"],
+                            env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = tmp_path / "lost" / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and '"epoch"' in metrics.read_text():
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()
+        killed = time.monotonic()
+        cluster.kill("worker1")
+        out, err = proc.communicate(timeout=LOST_NODE_BOUND_S)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(f"WorkerError {took:.1f} s after the node was killed")
+    assert proc.returncode == 1, out + err
+    last = err.strip().splitlines()[-1]
+    assert re.search(r"hvdtrain: error: rank [01] on node 127\.0\.0\.12 \([0-9a-f]{8}\)", last), out + err
