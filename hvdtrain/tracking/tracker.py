@@ -23,6 +23,7 @@ from hvdtrain.environment import process
 from hvdtrain.errors import first_line
 from hvdtrain.tracking import context
 from hvdtrain.tracking.mlflow_sink import MlflowSink
+from hvdtrain.tracking.wandb_sink import WandbSink
 
 # The end of a run waits this long for the tracker (the last metrics and the artifact upload).
 FLUSH_S = 60.0
@@ -139,17 +140,17 @@ def start(run_dir: Path, config: TrainConfig, *, say: Callable[[str], None], war
     chosen = context.resolve(config.tracking, env)
     if chosen == "none" or not process.is_rank_zero():
         return None
-    if chosen == "wandb":
-        warn("tracking: --tracking wandb is not built yet (issue 27); use --tracking mlflow. Training goes on "
-             "untracked")
+    if importlib.util.find_spec(chosen) is None:
+        warn(f"tracking: {chosen} is not installed (pip install 'hvdtrain[tracking]'); training goes on untracked")
         return None
-    if importlib.util.find_spec("mlflow") is None:
-        warn("tracking: mlflow is not installed (pip install 'hvdtrain[tracking]'); training goes on untracked")
-        return None
-    uri = env.get("MLFLOW_TRACKING_URI", "")
-    sink = MlflowSink(run_dir, uri or context.embedded_store(run_dir), config.tracking_experiment,
-                      embedded=not uri)
     tags = context.tags(run_dir, config, backend=backend, device=device)
-    if env.get(context.PARENT_ENV):  # a trial of `hvdtrain tune`: nested under the study's run
-        tags["mlflow.parentRunId"] = env[context.PARENT_ENV]
+    if chosen == "wandb":  # offline into the run folder unless WANDB_MODE says otherwise; trials grouped by study
+        sink: Sink = WandbSink(run_dir, config.tracking_experiment, mode=env.get("WANDB_MODE") or "offline",
+                               group=env.get(context.PARENT_ENV, ""))
+    else:
+        uri = env.get("MLFLOW_TRACKING_URI", "")
+        sink = MlflowSink(run_dir, uri or context.embedded_store(run_dir), config.tracking_experiment,
+                          embedded=not uri)
+        if env.get(context.PARENT_ENV):  # a trial of `hvdtrain tune`: nested under the study's run
+            tags["mlflow.parentRunId"] = env[context.PARENT_ENV]
     return Tracker(sink, context.params(config, chosen), tags, say, warn)

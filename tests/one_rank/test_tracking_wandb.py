@@ -1,0 +1,64 @@
+"""`--tracking wandb` without a network: an offline W&B run inside the run folder, for a later `wandb sync`.
+
+Real wandb 0.31 (its own service process writes the run file); the file is read back with wandb's own protobuf
+records (hvdtrain.tracking.wandb_files: wandb has no Python reader of its own). (Issue 27.)
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import EQUIV, ROOT, show
+
+pytest.importorskip("wandb")
+from hvdtrain.tracking import wandb_files  # noqa: E402
+
+TRAIN = [*EQUIV, "--max-steps", "0", "--epochs", "3", "--tensorboard", "false", "--tracking", "wandb"]
+
+
+def run(args, tmp_path):
+    # wandb's own caches and settings in the test's folder, not the home directory; no key, no mode: offline.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_CACHE_DIR=str(tmp_path / "cache"), WANDB_CONFIG_DIR=str(tmp_path / "config"),
+               WANDB_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain", *TRAIN, "--run-dir", str(tmp_path / "runs"),
+                           "--name", "wb", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "warning" not in proc.stdout + proc.stderr, show(proc)
+    return proc
+
+
+def test_an_offline_run_holds_the_config_every_step_and_the_summary_and_a_resume_continues_it(tmp_path):
+    first = run([], tmp_path)
+    folder = tmp_path / "runs" / "wb"
+    saved = json.loads((folder / "tracking.json").read_text())
+    assert saved["tracker"] == "wandb" and saved["mode"] == "offline"
+    assert f"W&B run {saved['run_id']} (offline" in first.stdout, show(first)
+    [offline] = [p for p in (folder / "wandb").glob("offline-run-*") if not p.is_symlink()]  # for `wandb sync`
+    records = list(wandb_files.records(offline / f"run-{saved['run_id']}.wandb"))
+    kinds = [r.WhichOneof("record_type") for r in records]
+    [started] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    config = {item.key: json.loads(item.value_json) for item in started.config.update}
+    assert started.display_name == "wb" and started.project == "hvdtrain"
+    assert config["lr"] == "0.05" and config["tracking"] == "wandb" and config["hvdtrain"]["workers"] == "1"
+    summary = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "summary":
+            summary.update({item.key: json.loads(item.value_json) for item in r.summary.update if item.key})
+    written = json.loads((folder / "summary.json").read_text())
+    assert summary["val_acc"] == pytest.approx(written["val_acc"]) and summary["steps"] == written["steps"] == 48
+    assert kinds[-1] == "exit" and records[-1].exit.exit_code == 0 and "artifact" in kinds
+    rows = wandb_files.history(folder / "wandb")
+    train = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["_step"], row["train/loss"]) for row in rows if "train/loss" in row] == [
+        (r["step"], pytest.approx(r["loss"])) for r in train if r["kind"] == "train"]
+    assert [row["epoch/val_acc"] for row in rows if "epoch/val_acc" in row] == [
+        pytest.approx(r["val_acc"]) for r in train if r["kind"] == "epoch"]
+
+    # From the step-32 checkpoint to 4 epochs: steps 36-48 are redone, and the run already holds them.
+    second = run(["--resume", str(folder / "checkpoints" / "ckpt-000000032.pt"), "--epochs", "4"], tmp_path)
+    assert f"continuing W&B run {saved['run_id']}" in second.stdout, show(second)
+    steps = [row["_step"] for row in wandb_files.history(folder / "wandb") if "train/loss" in row]
+    assert steps == list(range(4, 65, 4)), steps   # each step once, in order, across both processes' files
