@@ -10,6 +10,15 @@ from nbclient import NotebookClient
 NOTEBOOK = ROOT / "examples" / "notebooks" / "quickstart.ipynb"
 
 
+def executed_text(name: str, tmp_path) -> str:
+    """examples/notebooks/NAME.ipynb run top to bottom in a real kernel (working folder tmp_path): the text
+    its code cells printed, in order."""
+    nb = nbformat.read(ROOT / "examples" / "notebooks" / f"{name}.ipynb", as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    return "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+
+
 def test_notebooks_are_stored_without_outputs():
     for path in sorted((ROOT / "examples" / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
@@ -33,10 +42,7 @@ def test_quickstart_runs_in_a_real_kernel_and_reaches_the_target(tmp_path):
 
 
 def test_your_own_model_notebook_trains_an_image_folder_and_dict_batches(tmp_path):
-    nb = nbformat.read(ROOT / "examples" / "notebooks" / "your_own_model.ipynb", as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    text = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    text = executed_text("your_own_model", tmp_path)
     images = re.search(r"images: held-out accuracy ([0-9.]+)", text)
     batches = re.search(r"dict batches: held-out accuracy ([0-9.]+)", text)
     assert images and batches, text[-2000:]
@@ -44,10 +50,7 @@ def test_your_own_model_notebook_trains_an_image_folder_and_dict_batches(tmp_pat
 
 
 def test_hugging_face_notebook_fine_tunes_bert_with_a_padding_collate_on_two_workers(tmp_path):
-    nb = nbformat.read(ROOT / "examples" / "notebooks" / "hugging_face.ipynb", as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    text = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    text = executed_text("hugging_face", tmp_path)
     accuracy = re.search(r"hugging face: held-out accuracy on 2 workers: ([0-9.]+)", text)
     assert accuracy and float(accuracy.group(1)) >= 0.9, text[-2000:]
     assert "'hf'" in text and "'model.safetensors'" in text
