@@ -75,10 +75,9 @@ def commands(spec: dict[str, Any], np: int, cluster: NamespaceCluster, worker: l
         return [in_namespace(cluster, node, str(BIN / "torchrun"), f"--nnodes={np}", "--nproc-per-node=1",
                              "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}", f"--rdzv-id={run_id}",
                              "--no-python", *python) for node in hosts]
-    # horovodrun passes `-mca pml ob1 -mca btl ^openib` itself (a second pml is refused): only the
-    # interface, so Open MPI's TCP traffic and its out-of-band channel use the limited link
-    mpi = (["--mpi-args", f"-mca btl_tcp_if_include {IFACE} -mca oob_tcp_if_include {IFACE}"]
-           if spec["backend"] == "mpi" else [])
+    # horovodrun passes pml, btl and (from --network-interfaces) btl_tcp_if_include to mpirun itself,
+    # and mpirun refuses a parameter given twice: only the out-of-band channel's interface is added
+    mpi = ["--mpi-args", f"-mca oob_tcp_if_include {IFACE}"] if spec["backend"] == "mpi" else []
     launch = [str(BIN / "horovodrun"), "-np", str(np), "-H", ",".join(f"{n.role}:1" for n in hosts),
               "-p", str(SSH_PORT), "-i", str(cluster.key), "--network-interfaces", IFACE,
               "--start-timeout", "120", "--disable-cache", f"--{spec['backend']}", *mpi, *python]
@@ -179,7 +178,8 @@ def run_network(args: argparse.Namespace) -> dict[str, Any]:
         for model in models:
             for np in nps:
                 group = f"{model}/np{np}"
-                specs = net_variants(np, backends, args.smoke)
+                specs = [s for s in net_variants(np, backends, args.smoke)
+                         if not args.only or s["name"] in args.only.split(",")]
                 records: dict[str, list[dict[str, Any]]] = {s["name"]: [] for s in specs}
                 for round_no in range(1 if args.smoke else args.rounds):
                     for spec in specs if round_no % 2 == 0 else specs[::-1]:

@@ -330,6 +330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="network mode (benchmarks/network.py): N network-namespace hosts, one rank each, "
                              "every link limited to --link by tc tbf (root); e.g. 2,3")
     parser.add_argument("--link", default="1gbit", help="with --hosts: each host's link rate, tc syntax (1gbit)")
+    parser.add_argument("--only", default="", metavar="NAME,...",
+                        help="with --hosts: run only these variants, e.g. hvdtrain-mpi,horovod-mpi")
     args = parser.parse_args(argv)
     if args.hosts and args.smoke:
         # network smoke (CI): the tiny MLP, hvdtrain-gloo and DDP over 2 hosts, one round
