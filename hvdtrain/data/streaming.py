@@ -7,8 +7,9 @@ the block, loader worker w loads batches w, w+W, ... so the DataLoader's round-r
 order and no sample is read twice. A worker holds one row group at a time.
 
 Resuming: the trainer's position (samples processed by all ranks) gives each rank its offset in its
-block, so a run resumes at the right sample with the same number of workers; mid-epoch on another
-number it is refused (check_resume), and elastic resizing is not supported for streams.
+block, so a run resumes at the right sample; mid-epoch on another number of workers, the rest of each
+old block is split anew (data/stream_layout.py), so every row of the epoch is still trained once.
+Elastic resizing is not supported for streams.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from hvdtrain.data.stream_layout import length, rank_part, take
 from hvdtrain.data.tabular import feature_names, features_of, targets_of
 from hvdtrain.errors import UserError, first_line
 
@@ -53,8 +55,9 @@ def block(total: int, rank: int, size: int) -> tuple[int, int]:
 
 
 def check_resume(position: int, written_by: int, size: int) -> None:
-    """Refuse a mid-epoch resume on another number of workers: the `position` samples already trained are
-    the first position/written_by of each of written_by blocks, a set that `size` blocks cannot skip."""
+    """Refuse a mid-epoch resume on another number of workers, for a stream that cannot re-split (no
+    `resplit`): the `position` samples already trained are the first position/written_by of each of
+    written_by blocks, a set that `size` blocks cannot skip."""
     if position and written_by != size:
         raise UserError(f"cannot resume a stream mid-epoch ({position} samples in) with {size} workers: the "
                         f"checkpoint was written by {written_by}, and its blocks are not theirs; resume with "
@@ -91,6 +94,7 @@ class ParquetStream(IterableDataset):
         self.total = sum(u.rows for u in self.units)
         self.batch_size, self.seed = batch_size, seed
         self.rank, self.size, self.epoch, self.start = 0, 1, 0, 0
+        self.resplits: list[tuple[int, int]] = []   # this epoch's changes of workers (stream_layout.py)
         self.rows_read = 0
 
     def __len__(self) -> int:
@@ -99,20 +103,27 @@ class ParquetStream(IterableDataset):
     def set_shard(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Begin `epoch` after `start` samples processed by all ranks together (0 = from its beginning)."""
-        if start % self.size:
+    def set_epoch(self, epoch: int, start: int = 0, resplits: list[tuple[int, int]] | None = None) -> None:
+        """Begin `epoch` after `start` samples processed by all ranks together (0 = from its beginning);
+        `resplits`: the epoch's earlier changes of workers (see resplit)."""
+        since = resplits[-1][0] if resplits else 0
+        if (start - since) % self.size:
             raise UserError(f"cannot resume a stream at position {start} with {self.size} workers; resume with "
                             "the number of workers that wrote the checkpoint")
-        self.epoch, self.start = epoch, start
+        self.epoch, self.start, self.resplits = epoch, start, list(resplits or [])
 
-    def check_resume(self, position: int, written_by: int) -> None:
-        check_resume(position, written_by, self.size)
+    def resplit(self, resplits: list[tuple[int, int]], position: int, written_by: int) -> list[tuple[int, int]]:
+        """The epoch's resplits after a resume `position` samples into it on this run's number of workers,
+        where `written_by` workers stopped: the trainer keeps them in its progress (and checkpoints)."""
+        return [*resplits, (position, written_by)] if written_by != self.size and position else resplits
+
+    def part(self) -> list[tuple[int, int]]:
+        """The positions of the epoch's order this rank still trains, as [begin, end) ranges."""
+        return rank_part(self.total, self.resplits, self.start, self.rank, self.size)
 
     def shard_len(self) -> int:
         """Samples this rank still trains on this epoch."""
-        first, stop = block(self.total, self.rank, self.size)
-        return stop - first - self.start // self.size
+        return length(self.part())
 
     def order(self) -> list[int]:
         """Indices into self.units in this epoch's order."""
@@ -130,18 +141,18 @@ class ParquetStream(IterableDataset):
         offsets = [0]
         for i in order:
             offsets.append(offsets[-1] + self.units[i].rows)
-        first, stop = block(self.total, self.rank, self.size)
+        part = self.part()
         reader = _GroupReader(self)
         rows: list[int] = []
-        for begin, end in worker_batches(first + self.start // self.size, stop, self.batch_size, worker, workers):
-            for position in range(begin, end):
-                at = position % self.total                       # padding wraps around to the beginning
-                index = _unit_at(offsets, at)
-                if reader.key != order[index]:
-                    rows = self.row_order(order[index])
-                features, labels = reader.rows(order[index])
-                row = rows[at - offsets[index]]
-                yield features[row], labels[row]
+        for begin, end in worker_batches(0, length(part), self.batch_size, worker, workers):
+            for first, stop in take(part, begin, end):
+                for at in range(first, stop):
+                    index = _unit_at(offsets, at)
+                    if reader.key != order[index]:
+                        rows = self.row_order(order[index])
+                    features, labels = reader.rows(order[index])
+                    row = rows[at - offsets[index]]
+                    yield features[row], labels[row]
 
 
 class ParquetTable(Dataset):

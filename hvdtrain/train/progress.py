@@ -23,6 +23,8 @@ class Progress:
     best: float = math.nan      # best value of config.monitor so far
     best_epoch: int = -1        # the epoch (0-based) that reached it; best.pt holds its weights
     branch: int = 0             # checkpoints' line of descent: a rollback starts the next (train/checkpoint.py)
+    # A stream's changes of workers in this epoch, (position, workers before): data/stream_layout.py
+    resplits: list[tuple[int, int]] = field(default_factory=list)
 
     def values(self, *, stats: bool = True) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if stats or f.name != "stats"}

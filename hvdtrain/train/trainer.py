@@ -14,7 +14,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.data.loader import build_loader
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
-from hvdtrain.data.streaming import is_stream
+from hvdtrain.data.streaming import check_resume, is_stream
 from hvdtrain.data.user_loader import prepare, unwrap
 from hvdtrain.distributed import collectives, gradients, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
@@ -227,7 +227,7 @@ class Trainer:
                 if finished and self.after_epoch is not None and self.after_epoch(self.history[-1]):
                     end_epoch = p.epoch + 1                 # asked to stop: this epoch is the last
                 if finished:
-                    p.epoch, p.position, p.stats = p.epoch + 1, 0, self.metrics.zeros()
+                    p.epoch, p.position, p.stats, p.resplits = p.epoch + 1, 0, self.metrics.zeros(), []
                 if finished and config.checkpoint_epochs and p.epoch % config.checkpoint_epochs == 0:
                     self._checkpoint(p)
                 if self.elastic:
@@ -295,7 +295,10 @@ class Trainer:
 
     def _start_epoch(self, p: Progress) -> None:
         if self.streaming:
-            self.train_data.set_epoch(p.epoch, start=p.position)
+            if p.resplits:      # resumed mid-epoch on another number of workers (only a ParquetStream can)
+                self.train_data.set_epoch(p.epoch, start=p.position, resplits=p.resplits)
+            else:
+                self.train_data.set_epoch(p.epoch, start=p.position)
         else:
             self.sampler.set_epoch(p.epoch, start=p.position)
 
@@ -435,7 +438,11 @@ class Trainer:
         self.run_path = plan["path"]
         resumed = apply_resume(found, p, self.world, self.scaler, self.loader.generator) if found is not None else None
         if self.streaming and found and found.get("payload"):  # before the resume line claims anything
-            self.train_data.check_resume(p.position, found["payload"]["world_size"])
+            written_by, resplit = found["payload"]["world_size"], getattr(self.train_data, "resplit", None)
+            if resplit is None:
+                check_resume(p.position, written_by, self.world.size)
+            else:               # the rest of the old workers' blocks, split anew: every row still once
+                p.resplits = resplit(p.resplits, p.position, written_by)
         self.resumed = self.resumed or bool(found and found.get("payload"))
         if found is not None and end_epoch is not None:
             self._check_work_left(p, end_epoch)
