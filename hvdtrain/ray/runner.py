@@ -69,7 +69,10 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
     check_picklable(fn, args, kwargs)
     public, secrets = split_env({**os.environ, **(env or {})})
     worker_env = {k: v for k, v in public.items() if k in (env or {})}
-    worker_env["PYTHONPATH"] = worker_pythonpath(worker_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+    # Actors import what this process can (functions pickled by reference need their modules), and keep
+    # their node's own PYTHONPATH: Ray expands ${PYTHONPATH} with the node's value.
+    paths = worker_pythonpath(worker_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+    worker_env["PYTHONPATH"] = os.pathsep.join(filter(None, [paths, "${PYTHONPATH}"]))
     ray = _import_ray()
     started = not ray.is_initialized()
     if started:

@@ -133,7 +133,7 @@ def test_a_worker_node_killed_mid_run_is_a_worker_error_naming_rank_and_node(clu
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    print(f"WorkerError {took:.1f} s after the node was killed")
     assert proc.returncode == 1, out + err
     last = err.strip().splitlines()[-1]
+    print(f"{took:.1f} s after the node was killed: {last}")
     assert re.search(r"hvdtrain: error: rank [01] on node 127\.0\.0\.12 \([0-9a-f]{8}\)", last), out + err
