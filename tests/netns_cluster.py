@@ -142,6 +142,32 @@ class NamespaceCluster:
         """Run a command inside a node's namespace."""
         return _run("ip", "netns", "exec", node.namespace, *cmd, check=check, timeout=timeout)
 
+    def partition(self, node: Node) -> None:
+        """Cut a node off the network: its interface down inside its namespace (no netem or iptables here).
+        Its processes keep running and its TCP connections stay open, retransmitting into the void."""
+        self.exec(node, "ip", "link", "set", "dev", IFACE, "down")
+
+    def heal(self, node: Node) -> None:
+        """Undo partition(): the interface up again (its address stays; the subnet's route comes back)."""
+        self.exec(node, "ip", "link", "set", "dev", IFACE, "up")
+
+    def unlimit(self, node: Node) -> None:
+        """Remove the root qdiscs limit() put on a node's link, by name, both ends; no error if none."""
+        self.exec(node, "tc", "qdisc", "del", "dev", IFACE, "root", check=False)
+        _run("tc", "qdisc", "del", "dev", f"{self.prefix}v{self.nodes.index(node)}", "root", check=False)
+
+    def pids(self, node: Node, needle: str) -> list[int]:
+        """Processes in a node's namespace whose command line contains `needle` (ours: nothing else runs there)."""
+        found = []
+        for pid in _run("ip", "netns", "pids", node.namespace, check=False).stdout.split():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if needle in cmdline:
+                found.append(int(pid))
+        return found
+
     def netns_id(self, node: Node) -> str:
         """`net:[inode]` of the namespace, as /proc/PID/ns/net of a process in it reads."""
         assert node.sshd is not None

@@ -71,6 +71,10 @@ class TrainConfig:
     autotune: bool = option(False, "let Horovod tune its fusion buffer and cycle time while training")
     stall_check_s: int = option(60, "Horovod warns when ranks wait this long for each other; 0 = no check")
     stall_shutdown_s: int = option(0, "Horovod aborts the job after a stall this long; 0 = never")
+    peer_timeout_s: int = option(45, "a rank silent this long (host unreachable, process frozen) ends the job with "
+                                     "one line naming its host; shorter blips are ridden out; 0 = off")
+    gloo_timeout_s: int = option(60, "Gloo fails a collective that waits this long (at 60, horovodrun's "
+                                     "--gloo-timeout-seconds wins); keep it above --peer-timeout-s")
     threads: int = option(0, "torch threads per worker; 0 = cores / workers on this host")
     device: str = option("auto", "auto (CUDA pinned to local_rank when present), cpu or cuda")
     keep_host_memory: bool = option(True, "keep freed host memory for the next step instead of returning it to the "
@@ -97,12 +101,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples", "image_size",
                     "num_classes", "log_interval", "accumulate", "keep_checkpoints", "commit_steps", "stages",
-                    "micro_batches", "prefetch_factor"):
+                    "micro_batches", "prefetch_factor", "gloo_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum", "checkpoint_epochs",
                     "checkpoint_steps", "nonfinite_limit", "workers", "patience", "stall_check_s",
-                    "stall_shutdown_s"):
+                    "stall_shutdown_s", "peer_timeout_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.lr <= 0:

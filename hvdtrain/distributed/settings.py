@@ -26,7 +26,27 @@ def horovod_env(config: TrainConfig) -> dict[str, str]:
         env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(config.stall_check_s)
     if config.stall_shutdown_s:
         env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(config.stall_shutdown_s)
+    if config.gloo_timeout_s != GLOO_TIMEOUT_S:
+        env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(config.gloo_timeout_s)
     return env
+
+
+# Gloo's collective timeout when neither the config nor the environment (horovodrun
+# --gloo-timeout-seconds) names one. Horovod's own 30 s fails a collective caught in a network blip that
+# TCP rides out: after a 20 s partition the retransmission that gets through comes about 25 s in
+# (docs/troubleshooting.md, "Network faults"). hvdtrain's peer watch (peer_watch.py,
+# --peer-timeout-s 45) ends a lost host's job first, with a line naming it; this is the backstop.
+GLOO_TIMEOUT_S = 60
+
+
+def timeout_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """Gloo's timeout, unless `env` already has one (horovodrun's flag or the config's own value).
+
+    Example:
+        >>> timeout_defaults({}), timeout_defaults({"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"})
+        ({'HOROVOD_GLOO_TIMEOUT_SECONDS': '60'}, {})
+    """
+    return {} if "HOROVOD_GLOO_TIMEOUT_SECONDS" in env else {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S)}
 
 
 # Open MPI settings hvdtrain sets before MPI_Init (inside hvd.init()), measured in

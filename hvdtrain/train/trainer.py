@@ -16,7 +16,7 @@ from hvdtrain.data.loader import build_loader
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
 from hvdtrain.data.streaming import check_resume, is_stream
 from hvdtrain.data.user_loader import prepare, unwrap
-from hvdtrain.distributed import collectives, gradients, runtime, settings, sync_bn
+from hvdtrain.distributed import collectives, gradients, peer_watch, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.models.pipeline import place
@@ -196,12 +196,15 @@ class Trainer:
             p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
         self.samples_this_fit = 0
         start = time.perf_counter()
-        if self.elastic:
-            self.progress = self.elastic.run(p, end_epoch)
-        else:
-            self._check_work_left(p, end_epoch)
-            self.train_until(p, end_epoch)
-        self._finish(time.perf_counter() - start)
+        # Horovod: a host cut off or a frozen rank ends the job with one line naming it, never a hang
+        # (elastic jobs drop a lost worker themselves).
+        with peer_watch.watching(0 if self.elastic else self.config.peer_timeout_s):
+            if self.elastic:
+                self.progress = self.elastic.run(p, end_epoch)
+            else:
+                self._check_work_left(p, end_epoch)
+                self.train_until(p, end_epoch)
+            self._finish(time.perf_counter() - start)
         return self.history
 
     def train_until(self, p: Progress, end_epoch: int) -> None:
@@ -527,9 +530,11 @@ def fit(config: TrainConfig) -> History:
         >>> history = hvdtrain.fit(hvdtrain.load_config(model="mlp", epochs=5))
     """
     torch.manual_seed(config.seed)
+    # Horovod: started before the data loads. A run refused its folder stops before loading anything, and
+    # an elastic worker joining a running job is in the new world at once: the others wait for its data in
+    # the first sync, not in a rendezvous that gives up after --gloo-timeout-seconds.
+    world = runtime.init(settings.horovod_env(config))
     if not config.elastic:  # (elastic: a joining worker makes no collective call before the first sync)
-        # Horovod: started before the data loads, so a run refused its folder stops before loading anything.
-        world = runtime.init(settings.horovod_env(config))
         plan = claim_early(config) if world.is_root else None
         refused = collectives.broadcast_object(plan and plan["error"], name="run_dir_claim")
         if refused:

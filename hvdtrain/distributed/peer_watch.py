@@ -1,0 +1,177 @@
+"""Every rank hears from every other rank once a second, over UDP beside Horovod's own connections.
+
+Why: when a host drops off the network or a worker freezes (SIGSTOP, a debugger, swap), nothing in
+the transport says who. Under MPI a collective then waits for ever; under Gloo it fails after
+HOROVOD_GLOO_TIMEOUT_SECONDS with "Timed out waiting ...ms for recv operation", naming no one; Horovod's
+stall check cannot run either, since its coordinator waits in the same collectives. A peer silent for
+`timeout_s` ends this rank with one line that names the peer's rank and host; one silent for a third of
+that gets a warning. A shorter blip passes: TCP retransmits what was in flight once the link is back
+(measured in docs/troubleshooting.md: 20 s partitions ridden out under Gloo and MPI).
+
+Only the lowest rank that still hears from the others prints, so a job writes one line, not one per
+rank; the others exit quietly with the same status. Nothing here is used by elastic jobs: Horovod
+elastic drops a lost worker itself.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psutil
+
+from hvdtrain.distributed import collectives
+from hvdtrain.distributed.runtime import world
+
+HEARTBEAT_S = 1.0
+LOST_EXIT = 1   # like any failed rank: horovodrun and mpirun then end the others
+BYE = "bye"     # a rank that finished says so, so its silence afterwards is not a loss
+
+
+@dataclass(frozen=True)
+class Peer:
+    rank: int
+    host: str
+    addresses: tuple[str, ...]
+    port: int
+
+    def where(self) -> str:
+        return f"rank {self.rank} on host {self.host}" + (f" ({self.addresses[0]})" if self.addresses else "")
+
+
+def own_addresses() -> list[str]:
+    """This host's IPv4 addresses, loopback last (for peers on the same host)."""
+    found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+             if a.family == socket.AF_INET and not a.address.startswith("127.")]
+    return found + ["127.0.0.1"]
+
+
+def lost_message(silent: list[tuple[Peer, float]], timeout_s: int) -> str:
+    """The one line a job ends with when peers stay silent.
+
+    Example:
+        >>> lost_message([(Peer(1, "node2", ("10.0.0.2",), 5000), 45.2)], 45)[:72]
+        'hvdtrain: error: rank 1 on host node2 (10.0.0.2) has not answered for 45'
+    """
+    who = ", ".join(peer.where() for peer, _ in silent)
+    hosts = ", ".join(sorted({peer.host for peer, _ in silent}))
+    longest = max(seconds for _, seconds in silent)
+    return (f"hvdtrain: error: {who} has not answered for {longest:.0f} s (host unreachable, or the process "
+            f"frozen); this job stops (--peer-timeout-s {timeout_s}). Lost host(s): {hosts}. When it is back, "
+            "rerun with --resume auto")
+
+
+class PeerWatch:
+    """Heartbeats to and from `peers`; ends this process when one stays silent for `timeout_s`."""
+
+    def __init__(self, rank: int, token: str, peers: list[Peer], sock: socket.socket, timeout_s: int) -> None:
+        self.rank, self.token, self.peers, self.sock, self.timeout_s = rank, token, peers, sock, timeout_s
+        now = time.monotonic()
+        self.heard = {peer.rank: now for peer in peers}
+        self.warned: set[int] = set()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="hvdtrain-peer-watch", daemon=True)
+
+    def silent(self, at_least_s: float) -> list[tuple[Peer, float]]:
+        now = time.monotonic()
+        return [(peer, now - self.heard[peer.rank]) for peer in self.peers
+                if peer.rank in self.heard and now - self.heard[peer.rank] >= at_least_s]
+
+    def stop(self) -> None:
+        self._send(BYE)
+        self.done.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+    def _send(self, what: str) -> None:
+        data = f"hvdtrain-peer {self.token} {self.rank} {what}".encode()
+        for peer in self.peers:
+            for address in peer.addresses:
+                try:
+                    self.sock.sendto(data, (address, peer.port))
+                except OSError:
+                    pass   # no route while the link is down: that is what the silence will show
+
+    def _receive(self, wait_s: float) -> None:
+        ready, _, _ = select.select([self.sock], [], [], max(wait_s, 0))
+        while ready:
+            try:
+                data = self.sock.recv(256).decode(errors="replace").split()
+            except OSError:
+                return
+            if len(data) == 4 and data[0] == "hvdtrain-peer" and data[1] == self.token:
+                rank = int(data[2])
+                if data[3] == BYE:
+                    self.heard.pop(rank, None)
+                elif rank in self.heard:
+                    self.heard[rank] = time.monotonic()
+            ready, _, _ = select.select([self.sock], [], [], 0)
+
+    def _loop(self) -> None:
+        next_beat = time.monotonic()
+        while not self.done.is_set():
+            now = time.monotonic()
+            if now >= next_beat:
+                self._send("beat")
+                next_beat = now + HEARTBEAT_S
+                self._judge()
+            self._receive(next_beat - time.monotonic())
+
+    def _speaks_for_the_job(self) -> bool:
+        """The lowest rank among this one and those it still hears from."""
+        hearing = [rank for rank, at in self.heard.items() if time.monotonic() - at < self.timeout_s / 3]
+        return self.rank < min(hearing, default=self.rank + 1)
+
+    def _judge(self) -> None:
+        lost = self.silent(self.timeout_s)
+        if lost:
+            if self._speaks_for_the_job():
+                print(lost_message(lost, self.timeout_s), file=sys.stderr, flush=True)
+            # From this thread the training thread may be blocked in a collective that never returns.
+            os._exit(LOST_EXIT)
+        for peer, seconds in self.silent(self.timeout_s / 3):
+            if peer.rank not in self.warned and self._speaks_for_the_job():
+                print(f"hvdtrain: warning: {peer.where()} has not answered for {seconds:.0f} s (unreachable or "
+                      f"frozen?); the job stops if it stays silent for {self.timeout_s} s", file=sys.stderr,
+                      flush=True)
+            self.warned.add(peer.rank)
+        for rank in list(self.warned):
+            if rank in self.heard and time.monotonic() - self.heard[rank] < HEARTBEAT_S * 2:
+                self.warned.discard(rank)   # back: a later silence warns again
+
+
+def start(timeout_s: int) -> PeerWatch | None:
+    """Start watching every other rank (a collective: every rank calls it); None when off or alone."""
+    me = world()
+    if timeout_s <= 0 or me.size == 1:
+        return None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("0.0.0.0", 0))
+    host = socket.gethostname()
+    mine = {"rank": me.rank, "host": host, "addresses": own_addresses(), "port": sock.getsockname()[1],
+            "token": secrets.token_hex(8)}
+    everyone = collectives.allgather_object(mine, name="hvdtrain.peer_watch")
+    token = everyone[0]["token"]   # one job's heartbeats are not another's
+    peers = [Peer(e["rank"], e["host"], tuple(a for a in e["addresses"] if e["host"] == host or a != "127.0.0.1"),
+                  e["port"]) for e in everyone if e["rank"] != me.rank]
+    watch = PeerWatch(me.rank, token, peers, sock, timeout_s)
+    watch.thread.start()
+    return watch
+
+
+@contextmanager
+def watching(timeout_s: int) -> Iterator[PeerWatch | None]:
+    """Watch the peers while inside; stop (and tell them) on the way out, however it is left."""
+    watch = start(timeout_s)
+    try:
+        yield watch
+    finally:
+        if watch is not None:
+            watch.stop()

@@ -1,0 +1,221 @@
+"""Faults on the links between real hosts (issue 29): a partition, a frozen worker, a slow link.
+
+Two hosts are network namespaces with sshd (tests/netns_cluster.py), one cluster for the module. This
+kernel has no netem, so a partition is the host's interface taken down for a while (then up again), a
+frozen worker is SIGSTOP, and a slow link is a tbf qdisc. Every fault is undone in a `finally`, by name.
+Figures (time from the fault to its detection, to recovery, to the job's exit) are printed for the
+notes in docs/troubleshooting.md; the tests assert what happened, and only generous bounds on time.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BIN, ROOT
+from netns_cluster import IFACE, SSH_PORT, SSHD, NamespaceCluster
+
+TRAIN = ["--model", "mlp", "--hidden", "64", "--threads", "1", "--log-interval", "10", "--seed", "7",
+         "--checkpoint-epochs", "1", "--keep-checkpoints", "2"]
+EPOCHS = 12
+OUTAGE_S = 20        # the blip of the issue: TCP retransmits ride it out (a retransmission ~25 s in)
+PEER_TIMEOUT_S = 45  # hvdtrain's default --peer-timeout-s: the bound on a lost host
+ROW = re.compile(r"<stdout>:\s+\d+\s+\d+\s")   # an epoch row of the console table
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates network namespaces and runs sshd (CI runs as root)")
+    if not Path(SSHD).exists():
+        pytest.skip(f"no {SSHD}: install Debian's openssh-server (scripts/install-horovod does, as root)")
+    for tool in ("ip", "tc", "unshare", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"no {tool} on PATH (Debian: iproute2, util-linux, openssh-client)")
+    made = NamespaceCluster(hosts=2)
+    try:
+        try:
+            made.create_namespaces()
+        except subprocess.CalledProcessError as err:
+            pytest.skip(f"cannot create network namespaces here: `ip netns add` said {err.stderr.strip()!r}")
+        made.start()
+        yield made
+    finally:
+        problems = made.cleanup()
+        assert not problems, f"cleanup left things behind: {problems}"
+
+
+class Job:
+    """horovodrun over ssh from the launcher namespace; every output line kept with the time it came."""
+
+    def __init__(self, cluster: NamespaceCluster, folder: Path, backend: str, name: str, args: list[str]) -> None:
+        (folder / "hostfile").write_text("host1 slots=1\nhost2 slots=1\n")
+        mpi_args = ["--mpi-args", f"-mca oob_tcp_if_include {IFACE}"] if backend == "mpi" else []
+        launch = [str(BIN / "horovodrun"), "-np", "2", "--hostfile", str(folder / "hostfile"), "-p", str(SSH_PORT),
+                  "-i", str(cluster.key), "--network-interfaces", IFACE, "--start-timeout", "120",
+                  "--disable-cache", f"--{backend}", *mpi_args, sys.executable, "-m", "hvdtrain", *TRAIN,
+                  "--run-dir", str(folder / "runs"), "--name", name, *args]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        self.lines: list[tuple[float, str]] = []
+        self.proc = subprocess.Popen(["ip", "netns", "exec", cluster.launcher.namespace, *launch], cwd=ROOT, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.run = folder / "runs" / name
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def first(self, pattern: str | re.Pattern, since: float = 0.0) -> float | None:
+        """When the first line after `since` matching `pattern` came, or None."""
+        for at, line in list(self.lines):
+            if at >= since and re.search(pattern, line):
+                return at
+        return None
+
+    def wait_for(self, pattern: str | re.Pattern, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            at = self.first(pattern)
+            if at is not None:
+                return at
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no line matching {pattern!r}:\n{self.text()[-4000:]}")
+
+    def finish(self, timeout: float) -> tuple[int, float]:
+        """(exit status, when it exited); the job's process group is killed after `timeout`."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(f"the job hung for {timeout} s:\n{self.text()[-4000:]}") from None
+        ended = time.monotonic()
+        self.reader.join(timeout=10)
+        return self.proc.returncode, ended
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def errors(self) -> list[str]:
+        return [line for _, line in self.lines if "hvdtrain: error:" in line]
+
+
+def last_weights(run: Path) -> dict[str, torch.Tensor]:
+    """The model of the newest checkpoint, which must load whole."""
+    newest = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    return torch.load(newest, weights_only=True)["model"]
+
+
+def assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.allclose(got[key], want[key], rtol=0, atol=1e-6), (key, (got[key] - want[key]).abs().max())
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory):
+    """The same job with no fault (Gloo): its final weights, and the checkpoint it ends with."""
+    folder = tmp_path_factory.mktemp("reference")
+    job = Job(cluster, folder, "gloo", "reference", ["--epochs", str(EPOCHS)])
+    code, _ = job.finish(300)
+    assert code == 0, job.text()[-4000:]
+    return last_weights(job.run)
+
+
+def worker_pid(cluster: NamespaceCluster, role: str) -> int:
+    node = next(n for n in cluster.workers if n.role == role)
+    pids = [pid for pid in cluster.pids(node, "-m hvdtrain")
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode() == sys.executable]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_a_host_partitioned_for_20_s_is_ridden_out_or_named_and_resume_continues_exactly(
+        cluster, reference, tmp_path, backend):
+    host2 = cluster.workers[1]
+    job = Job(cluster, tmp_path, backend, "blip", ["--epochs", str(EPOCHS)])
+    try:
+        job.wait_for(ROW, 240)
+        cut = time.monotonic()
+        cluster.partition(host2)
+        while time.monotonic() < cut + OUTAGE_S and job.proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        cluster.heal(host2)
+    healed = time.monotonic()
+    code, ended = job.finish(PEER_TIMEOUT_S + 120)
+    warned = job.first("has not answered", cut)
+    resumed_rows = job.first(ROW, healed)
+    print(f"\n{backend} partition {OUTAGE_S} s: exit {code}; warning after "
+          f"{'-' if warned is None else f'{warned - cut:.1f} s'}, training again "
+          f"{'-' if resumed_rows is None else f'{resumed_rows - cut:.1f} s'} after the cut, "
+          f"job ended {ended - cut:.1f} s after it")
+    if code == 0:
+        assert job.first(r"hvdtrain: done", cut) is not None, job.text()[-4000:]
+    else:   # it may end instead, then: within the bound, with one line naming the host, and resume exactly
+        assert ended - cut < PEER_TIMEOUT_S + 30, job.text()[-4000:]
+        errors = job.errors()
+        assert len(errors) == 1 and "host2" in errors[0], errors
+        assert "Traceback" not in "\n".join(line for _, line in job.lines if "]<std" in line), job.text()[-4000:]
+        last_weights(job.run)   # the last checkpoint is whole
+        again = Job(cluster, tmp_path, backend, "blip", ["--epochs", str(EPOCHS), "--resume", "auto"])
+        code, _ = again.finish(300)
+        assert code == 0 and "resumed from" in again.text(), again.text()[-4000:]
+    assert_close(last_weights(job.run), reference)
+
+
+def test_a_frozen_worker_is_named_and_the_job_ends_within_the_peer_timeout(cluster, tmp_path):
+    timeout_s = 8
+    job = Job(cluster, tmp_path, "gloo", "frozen", ["--epochs", "200", "--peer-timeout-s", str(timeout_s)])
+    victim = None
+    try:
+        job.wait_for(ROW, 240)
+        victim = worker_pid(cluster, "host2")
+        os.kill(victim, signal.SIGSTOP)
+        frozen = time.monotonic()
+        code, ended = job.finish(timeout_s + 60)
+    finally:
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGCONT)   # it finds its peers gone and ends; cleanup kills it otherwise
+            except ProcessLookupError:
+                pass
+    warned = job.first("hvdtrain: warning: rank 1 on host host2", frozen)
+    print(f"\nSIGSTOP of rank 1 (--peer-timeout-s {timeout_s}): warning after "
+          f"{'-' if warned is None else f'{warned - frozen:.1f} s'}, job exited {code} {ended - frozen:.1f} s "
+          "after the freeze")
+    assert warned is not None, job.text()[-4000:]
+    assert code != 0 and ended - frozen < timeout_s + 30, job.text()[-4000:]
+    errors = job.errors()
+    assert len(errors) == 1 and "rank 1 on host host2" in errors[0] and "Lost host(s): host2" in errors[0], errors
+    assert "Traceback" not in "\n".join(line for _, line in job.lines if "]<std" in line), job.text()[-4000:]
+
+
+def test_a_link_at_a_tenth_of_the_others_gives_the_same_weights(cluster, reference, tmp_path):
+    host1, host2 = cluster.workers
+    try:
+        cluster.limit(host1, "1gbit")
+        cluster.limit(host2, "100mbit")
+        job = Job(cluster, tmp_path, "gloo", "slow", ["--epochs", str(EPOCHS)])
+        code, _ = job.finish(300)
+    finally:
+        cluster.unlimit(host1)
+        cluster.unlimit(host2)
+    assert code == 0, job.text()[-4000:]
+    got = last_weights(job.run)
+    assert all(torch.equal(got[key], reference[key]) for key in reference)   # bit-identical
