@@ -72,10 +72,7 @@ def tune(space: str | dict[str, Any], trials: int, *, config: TrainConfig | str 
             progress.close()
         result = _report(study, base)
         if tracked:
-            number, value = result.best_number, result.best_value
-            files = [Path(settings.dir) / "trials.json", *map(Path, [result.best_config or "", *result.plots])]
-            tracked.close(None if number is None or value is None else (number, value),
-                          [f for f in files if f.is_file()])
+            _close(tracked, settings, result)
         return result
     except BaseException:
         if tracked:
@@ -93,17 +90,33 @@ def _track(settings: TuneSettings, base: TrainConfig) -> StudyRun | None:
                            warn=lambda text: say(f"hvdtrain: warning: {text}"))
 
 
+def _close(tracked: StudyRun, settings: TuneSettings, result: TuneResult) -> None:
+    """The best trial and the study's files on the parent run, which ends here."""
+    number, value = result.best_number, result.best_value
+    files = [Path(settings.dir) / "trials.json", *map(Path, [result.best_config or "", *result.plots])]
+    tracked.close(None if number is None or value is None else (number, value), [f for f in files if f.is_file()])
+
+
 def _inprocess(params: dict[str, Param], base: TrainConfig, settings: TuneSettings) -> TuneResult:
     from hvdtrain.distributed import collectives
     from hvdtrain.tuning.inprocess import run_inprocess
 
-    study = run_inprocess(params, base, settings)
+    # Rank 0 alone holds the study's parent run; its trials' runs nest under it as in job mode.
+    tracked = _track(settings, base) if process.is_rank_zero() else None
     result = None
-    if study is not None:   # rank 0
-        try:
-            result = _report(study, base)
-        finally:
-            study.close()
+    try:
+        study = run_inprocess(params, base, settings, tracked)
+        if study is not None:   # rank 0
+            try:
+                result = _report(study, base)
+            finally:
+                study.close()
+        if tracked and result:
+            _close(tracked, settings, result)
+    except BaseException:
+        if tracked:
+            tracked.close(None, [], "KILLED")
+        raise
     # Horovod: every rank returns rank 0's result.
     return collectives.broadcast_object(result, name="tune_result")
 

@@ -20,6 +20,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import collectives, runtime
 from hvdtrain.distributed.settings import horovod_env
 from hvdtrain.errors import Stopped, UserError
+from hvdtrain.tracking.study_run import StudyRun
 from hvdtrain.train.lr_schedule import scaled_lr
 from hvdtrain.tuning.report import Progress
 from hvdtrain.tuning.settings import TuneSettings
@@ -27,11 +28,13 @@ from hvdtrain.tuning.space import Param, trial_config
 from hvdtrain.tuning.study import Study, open_study
 
 
-def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSettings) -> Study | None:
+def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSettings,
+                  tracked: StudyRun | None = None) -> Study | None:
     """Every rank runs this; trials go until the study holds settings.trials finished ones.
 
     Args:
         space: the parsed search space; base: the config each trial starts from; settings: the study's.
+        tracked: rank 0's parent run of the study (tracking/study_run.py): each trial's run nests under it.
     Returns:
         The open Study on rank 0 (for the report), None on the other ranks.
     Raises:
@@ -56,6 +59,9 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
     folder = str(Path(settings.dir).resolve() / "trials")
     scale = scaled_lr(1.0, world.size, base.lr_scaling)
     failures = 0
+    # A trial's tracker (rank 0's, started by its Trainer) finds the study's store and parent run here, as a
+    # trial job finds them in its environment.
+    nested = _Environment(tracked.env if tracked else {})
     try:
         while True:
             trial = None
@@ -70,7 +76,8 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
             number, params = plan
             started = time.monotonic()
             try:
-                outcome = _run_trial(trial, number, params, base, settings, folder, ranks_log, world.rank)
+                with nested:
+                    outcome = _run_trial(trial, number, params, base, settings, folder, ranks_log, world.rank)
             except Stopped:     # SIGINT/SIGTERM: every rank stopped at the same step; a re-run retries it
                 if study is not None and trial is not None:
                     study.interrupted(trial, "the job was stopped by a signal while this trial ran")
@@ -78,6 +85,8 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
             if study is not None and trial is not None:
                 trial.set_user_attr("duration_s", round(time.monotonic() - started, 2))
                 failures += not _record(study, trial, outcome, settings)
+                if tracked:
+                    tracked.trial_done(study.optuna.trials[number], Path(folder) / f"trial-{number:04d}")
                 progress.trial_done(study, study.optuna.trials[number])
     finally:
         progress.close()
@@ -136,3 +145,22 @@ def _record(study: Study, trial: Any, outcome: dict[str, Any], settings: TuneSet
         return False
     study.optuna.tell(trial, outcome["value"])
     return True
+
+
+class _Environment:
+    """Variables set for the duration of a `with` block, then restored as they were."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        self.saved = {name: os.environ.get(name) for name in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc: object) -> None:
+        for name, value in self.saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

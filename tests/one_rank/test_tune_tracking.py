@@ -1,6 +1,6 @@
 """hvdtrain tune with --tracking mlflow: one parent run per study in the study's own store, one nested run per
 trial (the trial's training run) with its params, verdict and value. Real MLflow, real horovodrun jobs of
-one worker each. (Issue 27.)"""
+one worker each, or the trials one after another inside one process (--mode inprocess). (Issue 27.)"""
 from __future__ import annotations
 
 import json
@@ -15,13 +15,15 @@ pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 
-def test_a_4_trial_study_is_one_parent_run_with_4_nested_trial_runs(tmp_path):
+@pytest.mark.parametrize("mode,trials", [("job", 4), ("inprocess", 2)])  # inprocess: 2 trials, CI time
+def test_a_study_is_one_parent_run_with_a_nested_run_per_trial(tmp_path, mode, trials):
     (tmp_path / "space.yaml").write_text("lr: {type: float, low: 0.02, high: 0.2, log: true}\n"
                                          "batch_size: {type: categorical, choices: [16, 32]}\n")
     study = tmp_path / "study"
     command = [sys.executable, "-m", "hvdtrain", "tune", "--space", str(tmp_path / "space.yaml"), "--dir", str(study),
-               "--trials", "4", "--np", "1", "--epochs", "2", "--pruner-startup", "1", "--study", "digits-lr",
-               "--model", "mlp", "--threads", "1", "--tensorboard", "false", "--tracking", "mlflow"]
+               "--trials", str(trials), "--epochs", "2", "--pruner-startup", "1", "--study", "digits-lr",
+               "--model", "mlp", "--threads", "1", "--tensorboard", "false", "--tracking", "mlflow", "--mode", mode,
+               *(["--np", "1"] if mode == "job" else [])]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.run(command, capture_output=True, text=True, timeout=400,
                           env=dict(env, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)))
@@ -35,10 +37,10 @@ def test_a_4_trial_study_is_one_parent_run_with_4_nested_trial_runs(tmp_path):
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 1 and parents[0].info.run_name == "digits-lr", [r.info.run_name for r in runs]
     parent = parents[0]
-    assert parent.info.status == "FINISHED" and parent.data.params["trials"] == "4"
-    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(trials) == 4 and len(runs) == 5
-    for run in trials:
+    assert parent.info.status == "FINISHED" and parent.data.params["trials"] == str(trials)
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(nested) == trials and len(runs) == trials + 1
+    for run in nested:
         row = rows[int(run.data.tags["tune.trial"])]
         assert run.info.run_name == f"trial-{row['number']:04d}"
         assert run.data.tags["tune.state"] == row["state"] in ("COMPLETE", "PRUNED")
