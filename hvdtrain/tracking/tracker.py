@@ -144,9 +144,8 @@ def start(run_dir: Path, config: TrainConfig, *, say: Callable[[str], None], war
         warn(f"tracking: {chosen} is not installed (pip install 'hvdtrain[tracking]'); training goes on untracked")
         return None
     tags = context.tags(run_dir, config, backend=backend, device=device)
-    if chosen == "wandb":  # offline into the run folder unless WANDB_MODE says otherwise; trials grouped by study
-        sink: Sink = WandbSink(run_dir, config.tracking_experiment, mode=env.get("WANDB_MODE") or "offline",
-                               group=env.get(context.PARENT_ENV, ""))
+    if chosen == "wandb":  # offline into the run folder unless WANDB_MODE says otherwise
+        sink: Sink = WandbSink(run_dir, config.tracking_experiment, mode=env.get("WANDB_MODE") or "offline")
     else:
         uri = env.get("MLFLOW_TRACKING_URI", "")
         sink = MlflowSink(run_dir, uri or context.embedded_store(run_dir), config.tracking_experiment,

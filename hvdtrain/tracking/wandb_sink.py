@@ -25,11 +25,10 @@ SYSTEM = "system/"
 class WandbSink:
     """One W&B run for one run folder; `--resume auto` continues it (same run id, from <run>/tracking.json)."""
 
-    def __init__(self, run_dir: Path, project: str, *, mode: str = "offline", group: str = "") -> None:
+    def __init__(self, run_dir: Path, project: str, *, mode: str = "offline") -> None:
         self.run_dir = run_dir
         self.project = project
         self.mode = mode
-        self.group = group
         self.run: Any = None
         self.run_id = ""
         self.resumed = False
@@ -51,7 +50,7 @@ class WandbSink:
         # console="off": hvdtrain's own lines stay as they are (no wrapping of stdout in a Horovod job).
         self.run = wandb.init(project=self.project, name=self.run_dir.name, id=self.run_id, dir=str(self.run_dir),
                               mode=cast(Any, self.mode), resume="allow" if self.resumed else None,
-                              group=self.group or None, config={**params, "hvdtrain": dict(tags)},
+                              config={**params, "hvdtrain": dict(tags)},
                               settings=wandb.Settings(silent=True, console="off"))
         if not self.resumed:
             self._remember()
