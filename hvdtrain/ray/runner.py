@@ -1,8 +1,8 @@
 """Train on a Ray cluster: one Horovod worker per Ray actor, the actors in one placement group, Gloo.
 
 Written on Ray's own APIs (placement groups, actors, ray.wait); from Horovod it reuses only its
-launcher's Gloo rendezvous server (horovod.runner.http.http_server.RendezvousServer), which this
-process runs as horovodrun does, and the HOROVOD_* variables horovodrun --gloo sets (worker.py).
+launcher's Gloo rendezvous server (horovod.runner.http.http_server.RendezvousServer), run in an actor
+on rank 0's node, and the HOROVOD_* variables horovodrun --gloo sets (worker.py).
 horovod.ray (RayExecutor) is not used: it is untested on current Ray and pins old dependencies.
 Like the other launchers this module never imports horovod.torch: only the actors initialise Horovod.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import LaunchError, UserError, WorkerError, first_line
 from hvdtrain.launcher.guard import Failure, Guarded, check_picklable, rank0_result, target, worker_pythonpath
 from hvdtrain.launcher.secrets import split_env
-from hvdtrain.ray.worker import Slot, Worker, horovod_env, plan, visible_devices
+from hvdtrain.ray.worker import Rendezvous, Slot, Worker, horovod_env, plan, visible_devices
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 # After one rank failed, how long the others get to report (their own error, or that a peer went away).
@@ -76,7 +77,7 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
     ray = _import_ray()
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, log_to_driver=True, configure_logging=False)
+        _connect(ray, address or os.environ.get("RAY_ADDRESS"))
     try:
         results = _run(ray, Guarded(fn, args, kwargs, secrets), num_workers, {"CPU": cpus_per_worker,
                        "GPU": gpus_per_worker}, strategy.upper(), start_timeout, worker_env)
@@ -107,15 +108,29 @@ def _import_ray() -> Any:
     return ray
 
 
+def _connect(ray: Any, address: str | None) -> None:
+    # A wrong HOST:PORT would have ray.init retry for minutes: check that something listens there first.
+    host, _, port = (address or "").rpartition(":")
+    if address and host and port.isdigit() and "://" not in address:
+        try:
+            socket.create_connection((host, int(port)), timeout=10).close()
+        except OSError as err:
+            raise LaunchError(f"cannot reach a Ray cluster at {address} ({err.strerror or err}); start one with "
+                              "`ray start --head` there, or give its GCS address (HOST:6379) or ray://HOST:10001") \
+                from None
+    try:
+        ray.init(address=address, log_to_driver=True, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise LaunchError(f"cannot connect to Ray at {address or 'this machine'}: {first_line(err)}") from None
+
+
 def _run(ray: Any, job: Guarded, n: int, resources: dict[str, int], strategy: str, start_timeout: int,
          env: dict[str, str]) -> list[Any]:
-    from horovod.runner.http.http_server import RendezvousServer
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     bundle = {k: float(v) for k, v in resources.items() if v}
     group = placement_group([bundle] * n, strategy=strategy)
-    server = None
     actors: list[Any] = []
     try:
         if not group.wait(timeout_seconds=start_timeout):
@@ -125,37 +140,32 @@ def _run(ray: Any, job: Guarded, n: int, resources: dict[str, int], strategy: st
         bundle_nodes = [placement_group_table(group)["bundles_to_node_id"][b] for b in range(n)]
         ips = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
         slots = plan(bundle_nodes, ips)
-        remote = ray.remote(Worker)
-        actors = [remote.options(num_cpus=resources["CPU"], num_gpus=resources["GPU"], max_restarts=0,
-                                 runtime_env={"env_vars": env},
-                                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                     group, placement_group_bundle_index=s.bundle)).remote(s.rank, s.where)
-                  for s in slots]
-        described = ray.get([a.describe.remote() for a in actors], timeout=start_timeout)
-        server = RendezvousServer(verbose=0)
-        port = server.start()
-        server.init([_slot_info(s) for s in slots])
-        here = ray.util.get_node_ip_address()
+
+        def placed(slot: Slot) -> Any:
+            return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=slot.bundle)
+
+        actors = [ray.remote(Rendezvous).options(num_cpus=0, scheduling_strategy=placed(slots[0])).remote()]
+        workers = [ray.remote(Worker).options(num_cpus=resources["CPU"], num_gpus=resources["GPU"], max_restarts=0,
+                                              runtime_env={"env_vars": env}, scheduling_strategy=placed(s)
+                                              ).remote(s.rank, s.where) for s in slots]
+        actors += workers
+        try:
+            rendezvous = ray.get(actors[0].start.remote(slots), timeout=start_timeout)
+            described = ray.get([w.describe.remote() for w in workers], timeout=start_timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise LaunchError(f"Ray placed the workers but did not start their actors within {start_timeout} s "
+                              "(a node short of memory, or a runtime_env still installing?); see `ray status` "
+                              "and the nodes' logs, or raise start_timeout") from None
         devices = visible_devices(slots, {s.rank: d["gpus"] for s, d in zip(slots, described, strict=True)})
-        refs = {actor.run.remote({**horovod_env(s, (here, port), d["iface"]),
-                                  **({"CUDA_VISIBLE_DEVICES": devices[s.rank]} if s.rank in devices else {})},
-                                 job): s
-                for actor, s, d in zip(actors, slots, described, strict=True)}
+        refs = {worker.run.remote({**horovod_env(s, rendezvous, d["iface"]),
+                                   **({"CUDA_VISIBLE_DEVICES": devices[s.rank]} if s.rank in devices else {})},
+                                  job): s
+                for worker, s, d in zip(workers, slots, described, strict=True)}
         return _collect(ray, refs)
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
         remove_placement_group(group)
-        if server is not None:
-            server.stop()
-
-
-def _slot_info(slot: Slot) -> Any:
-    from horovod.runner.common.util.hosts import SlotInfo
-
-    return SlotInfo(hostname=slot.node_id, rank=slot.rank, local_rank=slot.local_rank,
-                    cross_rank=slot.cross_rank, size=slot.size, local_size=slot.local_size,
-                    cross_size=slot.cross_size)
 
 
 def _collect(ray: Any, refs: dict[Any, Slot]) -> list[Any]:

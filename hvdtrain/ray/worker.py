@@ -90,6 +90,22 @@ def iface_of(address: str) -> str:
     return "lo"
 
 
+class Rendezvous:
+    """Horovod's Gloo rendezvous server (the one horovodrun --gloo runs), in a 0-CPU actor on rank 0's node:
+    the workers reach it wherever the caller runs (a laptop through Ray Client, a job's driver)."""
+
+    def start(self, slots: Sequence[Slot]) -> tuple[str, int]:
+        import ray
+        from horovod.runner.common.util.hosts import SlotInfo
+        from horovod.runner.http.http_server import RendezvousServer
+
+        self.server = RendezvousServer(verbose=0)   # serves from its own thread until this actor is killed
+        port = self.server.start()
+        self.server.init([SlotInfo(hostname=s.node_id, rank=s.rank, local_rank=s.local_rank, cross_rank=s.cross_rank,
+                                   size=s.size, local_size=s.local_size, cross_size=s.cross_size) for s in slots])
+        return ray.util.get_node_ip_address(), port
+
+
 class Worker:
     """One Horovod worker in a Ray actor. Its repr names the rank: Ray tags each console line the actor
     prints with it (and its pid and node address)."""

@@ -53,6 +53,9 @@ def _node_ids(cluster: RayCluster) -> dict[str, str]:
     (["--np", "0"], "ray: --np must be >= 1, got 0"),
     (["--cpus-per-worker", "0"], "ray: each worker needs a CPU or a GPU; give --cpus-per-worker or "
                                  "--gpus-per-worker"),
+    (["--address", "127.0.0.10:1"], "cannot reach a Ray cluster at 127.0.0.10:1 (Connection refused); start one "
+                                    "with `ray start --head` there, or give its GCS address (HOST:6379) or "
+                                    "ray://HOST:10001"),
 ])
 def test_ray_cli_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, message):
     proc = subprocess.run([sys.executable, "-m", "hvdtrain", "ray", *args], cwd=tmp_path, capture_output=True,
