@@ -35,7 +35,7 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
 
     Each actor holds `cpus_per_worker` CPUs and `gpus_per_worker` GPUs of one placement-group bundle;
     with GPUs, each worker trains on the GPU Ray gave it. Every actor's console lines reach this process
-    tagged `(hvdtrain rank N pid=..., ip=NODE)`. Rank 0 writes the run directory (config.run_dir, made
+    tagged `(hvdtrain rank N on NODE pid=...)`. Rank 0 writes the run directory (config.run_dir, made
     absolute here): on a multi-node cluster put it on storage every node shares.
 
     Args:
@@ -100,6 +100,8 @@ def _import_ray() -> Any:
     # Ray merges equal lines of different actors ("[repeated 2x across cluster]"): each rank's own lines
     # should arrive. Read when Ray is first imported; a notebook that imported Ray already keeps its choice.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not sys.stdout.isatty():   # no colour codes around the rank tag in a log file or a job's output
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     try:
         import ray
         import ray.util.placement_group  # noqa: F401 - loads ray.util's submodule
@@ -135,8 +137,8 @@ def _run(ray: Any, job: Guarded, n: int, resources: dict[str, int], strategy: st
     try:
         if not group.wait(timeout_seconds=start_timeout):
             raise LaunchError(f"Ray could not place {n} worker(s) of {bundle} each ({strategy}) within "
-                              f"{start_timeout} s; the cluster has {ray.cluster_resources()} in all: use fewer "
-                              "or smaller workers, add nodes, or raise start_timeout")
+                              f"{start_timeout} s; the cluster has {_cpus_gpus(ray.cluster_resources())} in all: "
+                              "use fewer or smaller workers, add nodes, or raise start_timeout")
         bundle_nodes = [placement_group_table(group)["bundles_to_node_id"][b] for b in range(n)]
         ips = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
         slots = plan(bundle_nodes, ips)
@@ -147,7 +149,7 @@ def _run(ray: Any, job: Guarded, n: int, resources: dict[str, int], strategy: st
         actors = [ray.remote(Rendezvous).options(num_cpus=0, scheduling_strategy=placed(slots[0])).remote()]
         workers = [ray.remote(Worker).options(num_cpus=resources["CPU"], num_gpus=resources["GPU"], max_restarts=0,
                                               runtime_env={"env_vars": env}, scheduling_strategy=placed(s)
-                                              ).remote(s.rank, s.where) for s in slots]
+                                              ).remote(s.rank, s.node_ip) for s in slots]
         actors += workers
         try:
             rendezvous = ray.get(actors[0].start.remote(slots), timeout=start_timeout)
@@ -166,6 +168,10 @@ def _run(ray: Any, job: Guarded, n: int, resources: dict[str, int], strategy: st
         for actor in actors:
             ray.kill(actor, no_restart=True)
         remove_placement_group(group)
+
+
+def _cpus_gpus(resources: dict[str, float]) -> dict[str, float]:
+    return {key: resources.get(key, 0.0) for key in ("CPU", "GPU")}
 
 
 def _collect(ray: Any, refs: dict[Any, Slot]) -> list[Any]:

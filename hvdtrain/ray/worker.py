@@ -107,14 +107,14 @@ class Rendezvous:
 
 
 class Worker:
-    """One Horovod worker in a Ray actor. Its repr names the rank: Ray tags each console line the actor
-    prints with it (and its pid and node address)."""
+    """One Horovod worker in a Ray actor. Ray tags each console line the actor prints with its repr (and its
+    pid, and its node's address only when that differs from the caller's): the repr names rank and node."""
 
-    def __init__(self, rank: int, where: str) -> None:
-        self.rank, self.where = rank, where
+    def __init__(self, rank: int, node_ip: str) -> None:
+        self.rank, self.node_ip = rank, node_ip
 
     def __repr__(self) -> str:
-        return f"hvdtrain rank {self.rank}"
+        return f"hvdtrain rank {self.rank} on {self.node_ip}"
 
     def describe(self) -> dict[str, Any]:
         import ray
