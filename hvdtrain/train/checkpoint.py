@@ -32,9 +32,9 @@ def checkpoint_dir(run_path: str | Path) -> Path:
     return Path(run_path) / "checkpoints"
 
 
-def rng_state(loader: torch.Generator | None = None) -> dict[str, Any]:
-    """This process's random number generators, as tensors and plain values; with the training loader's
-    (it draws its workers' seeds each epoch: restored, random augmentations continue, not restart)."""
+def rng_state(loader: torch.Tensor | None = None) -> dict[str, Any]:
+    """This process's random number generators, as tensors and plain values; with `loader`, the state of
+    the training loader's generator (it draws its workers' seeds each epoch) to restore on resume."""
     _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     assert not isinstance(keys, str)  # the legacy form is a tuple with an array of keys
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -42,7 +42,7 @@ def rng_state(loader: torch.Generator | None = None) -> dict[str, Any]:
     if torch.cuda.is_initialized():    # only a process that used CUDA has its RNG (--device cpu never starts it)
         state["cuda"] = torch.cuda.get_rng_state()
     if loader is not None:
-        state["loader"] = loader.get_state()
+        state["loader"] = loader
     return state
 
 

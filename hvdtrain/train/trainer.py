@@ -135,6 +135,7 @@ class Trainer:
                                     drop_last_batch=config.batch_size if loading and loading.drop_last else 0)
         self.loader = build_loader(train_data, None if self.streaming else self.sampler, config, world.rank,
                                    self.device, loading)
+        self.loader_rng_at_epoch = self.loader.generator.get_state()
         self.resize(world)
         self.history = History()
         self.after_epoch: AfterEpoch | None = None
@@ -297,6 +298,7 @@ class Trainer:
         return steps, seen, lr_factor
 
     def _start_epoch(self, p: Progress) -> None:
+        self.loader_rng_at_epoch = self.loader.generator.get_state()   # before iter() draws the epoch's seed
         if self.streaming:
             if p.resplits:      # resumed mid-epoch on another number of workers (only a ParquetStream can)
                 self.train_data.set_epoch(p.epoch, start=p.position, resplits=p.resplits)
@@ -410,7 +412,10 @@ class Trainer:
         """A collective: every rank contributes its RNG state and metric sums; rank 0 writes."""
         if not self.run_path:
             return None
-        per_rank = collectives.allgather_object((checkpoint.rng_state(self.loader.generator), p.stats),
+        # Mid-epoch, the loader's generator as the epoch began: a resume draws this epoch's seed again, as the
+        # run that never stopped did, not the next epoch's.
+        loader_rng = self.loader_rng_at_epoch if p.position else self.loader.generator.get_state()
+        per_rank = collectives.allgather_object((checkpoint.rng_state(loader_rng), p.stats),
                                                 name="checkpoint_gather")
         return self.write_checkpoint(p, per_rank) if self.world.is_root else None
 
