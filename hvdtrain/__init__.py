@@ -2,11 +2,11 @@
 
 The public API, for scripts and notebooks:
     Trainer, fit, launch, tune, compress, load_config, TrainConfig, History; errors in hvdtrain.errors;
-    Spark in hvdtrain.spark (fit).
+    Spark in hvdtrain.spark (fit); Ray in hvdtrain.ray (fit).
 
 Where things live: config/ (the one config), data/, models/, train/ (the loop), distributed/ (the one
 Horovod importer), output/ (console, run directory), launcher/ (workers from Python), cluster/
-(hostfiles, schedulers), spark/, tuning/ (Optuna search, `hvdtrain tune`), compression/ (int8, pruning,
+(hostfiles, schedulers), spark/, ray/, tuning/ (Optuna search, `hvdtrain tune`), compression/ (int8, pruning,
 distillation), cli/ (the `hvdtrain` command).
 """
 from __future__ import annotations
