@@ -154,7 +154,8 @@ def table(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [f"hvdtrain network benchmarks  {meta['started']}  link {meta['link']} each way per host (tbf), "
              f"hosts {meta['hosts']}, load avg before/after {meta['loadavg_before']} / {meta['loadavg_after']}, "
-             f"{meta['cpus']} CPUs, rounds={meta['rounds']}, steps/run={meta['steps']}", "",
+             f"{meta['cpus']} CPUs, rounds={meta['rounds']}, steps/run={meta['steps']}; one TCP stream over the "
+             f"link carried {meta.get('link_probe_mbit', '-')} Mbit/s", "",
              f"{'group':<15} {'variant':<18} {'best ms':>8} {'median':>8} {'tx MB/st':>9} {'tx/ring':>7} "
              f"{'bound ms':>8} {'frac':>5} {'load1':>11} {'others':>11}",
              "(tx MB/st: bytes the busiest rank's host sent per step, counted; tx/ring: over 2(n-1)/n x wire "

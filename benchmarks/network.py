@@ -153,6 +153,37 @@ def set_up(cluster: NamespaceCluster, link: str) -> None:
         cluster.limit(node, link)
 
 
+RECEIVE = """import socket, sys, time
+server = socket.create_server((sys.argv[1], 29411))
+print("ready", flush=True)
+conn, _ = server.accept()
+got, start = conn.recv(1 << 20), time.perf_counter()
+total = 0
+while chunk := conn.recv(1 << 20):
+    total += len(chunk)
+print(total * 8 / (time.perf_counter() - start) / 1e6)
+"""
+SEND = """import socket, sys
+conn = socket.create_connection((sys.argv[1], 29411))
+conn.sendall(bytes(1 << 20))
+conn.sendall(bytes(int(sys.argv[2])))
+conn.close()
+"""
+
+
+def probe_link(cluster: NamespaceCluster, megabytes: int = 48) -> float:
+    """One TCP stream host1 -> host2 through both tbfs, in Mbit/s (after a first MB that fills the
+    burst): what the limited link carries here with this machine's CPU, next to the nominal rate."""
+    sender, receiver = cluster.workers[0], cluster.workers[1]
+    with subprocess.Popen(in_namespace(cluster, receiver, sys.executable, "-c", RECEIVE, receiver.address),
+                          stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "ready": listening
+        subprocess.run(in_namespace(cluster, sender, sys.executable, "-c", SEND, receiver.address,
+                                    str(megabytes << 20)), check=True, timeout=120)
+        return float(proc.stdout.readline())
+
+
 def run_network(args: argparse.Namespace) -> dict[str, Any]:
     """Every (model, np) group over one cluster of max(hosts) namespaces, then the report."""
     hosts = [int(n) for n in str(args.hosts).split(",") if n]
@@ -175,6 +206,9 @@ def run_network(args: argparse.Namespace) -> dict[str, Any]:
     meta["namespace_prefix"] = cluster.prefix
     try:
         set_up(cluster, args.link)  # inside the try: a half-made cluster is cleaned up too
+        if len(cluster.workers) > 1:
+            meta["link_probe_mbit"] = [round(probe_link(cluster)) for _ in range(2)]
+            print(f"[netbench] one TCP stream over the {args.link} link: {meta['link_probe_mbit']} Mbit/s", flush=True)
         for model in models:
             for np in nps:
                 group = f"{model}/np{np}"
