@@ -30,7 +30,7 @@ FAILURE_GRACE_S = 30
 def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers: int = 2,
         cpus_per_worker: int = 1, gpus_per_worker: int = 0, address: str | None = None,
         strategy: str = "SPREAD", start_timeout: int = 120, all_ranks: bool = False,
-        env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+        env: dict[str, str] | None = None, elastic: bool = False, **kwargs: Any) -> Any:
     """Train on `num_workers` Ray actors, one Horovod worker (Gloo) each; returns rank 0's result.
 
     Each actor holds `cpus_per_worker` CPUs and `gpus_per_worker` GPUs of one placement-group bundle;
@@ -52,6 +52,7 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
         env: extra variables for the workers. Credential-like ones (launcher.secrets), here or in this
             process's environment, travel inside the pickled job, never in Ray's runtime_env, job
             metadata or a command line.
+        elastic: not available on Ray yet (a LaunchError); `hvdtrain launch --min-np` runs elastic jobs.
     Raises:
         WorkerError: a worker raised, or its actor or node was lost; the message names rank and node.
         LaunchError: bad arguments, or Ray could not place the actors within start_timeout.
@@ -65,6 +66,9 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
     if strategy.upper() not in STRATEGIES:
         raise LaunchError(f"strategy {strategy!r} is not a placement group strategy; use one of "
                           f"{', '.join(STRATEGIES)}")
+    if elastic or (isinstance(config_or_fn, TrainConfig) and config_or_fn.elastic):
+        raise LaunchError("elastic training is not available on Ray yet; run it with `hvdtrain launch --min-np N` "
+                          "(horovodrun's elastic driver), or drop elastic for hvdtrain.ray.fit")
     fn, args = target(config_or_fn, args, "hvdtrain.ray.fit")
     args = tuple(_ray_config(a, cpus_per_worker) if isinstance(a, TrainConfig) else a for a in args)
     check_picklable(fn, args, kwargs)

@@ -56,6 +56,8 @@ def _node_ids(cluster: RayCluster) -> dict[str, str]:
     (["--address", "127.0.0.10:1"], "cannot reach a Ray cluster at 127.0.0.10:1 (Connection refused); start one "
                                     "with `ray start --head` there, or give its GCS address (HOST:6379) or "
                                     "ray://HOST:10001"),
+    (["--elastic", "true"], "elastic training is not available on Ray yet; run it with `hvdtrain launch --min-np N` "
+                            "(horovodrun's elastic driver), or drop elastic for hvdtrain.ray.fit"),
 ])
 def test_ray_cli_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, message):
     proc = subprocess.run([sys.executable, "-m", "hvdtrain", "ray", *args], cwd=tmp_path, capture_output=True,
