@@ -50,6 +50,9 @@ class RayCluster:
         self.folder = folder
         self.nodes: dict[str, subprocess.Popen] = {}
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0",
+                    # Ray enables token auth on its own when ~/.ray/auth_token exists (any local ray.init
+                    # writes one) and then worker nodes started without it are refused: loopback needs none.
+                    "RAY_AUTH_MODE": "disabled",
                     # Actors import the tests' helper functions by name, and `hvdtrain` runs as a job entry point.
                     "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
                     "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
