@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("WANDB_MODE", "offline")
     rounds = []
     with tempfile.TemporaryDirectory(prefix="hvdtrain-tracking-bench-") as scratch:
-        os.environ.setdefault("WANDB_CACHE_DIR", str(Path(scratch) / "wandb-cache"))
+        for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):   # wandb's logs too: not in ~
+            os.environ.setdefault(name, str(Path(scratch) / name.lower()))
         for number in range(args.rounds + 1):   # round 0 warms up (imports, the sqlite schema, wandb's service)
             order = variants[number % len(variants):] + variants[:number % len(variants)]
             medians = one_round(number, order, args, Path(scratch))
