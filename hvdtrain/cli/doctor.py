@@ -11,6 +11,7 @@ from typing import Any
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
 from hvdtrain.cli.gpu_verdicts import gpu_facts, gpu_problems
+from hvdtrain.errors import UserError
 
 MPIRUN_TIMEOUT_S = 10.0
 FIX = "re-run `make setup` (or scripts/install-horovod --force)"
@@ -110,14 +111,27 @@ def parser(commands: Commands | None = None) -> Parser:
     p = command_parser(commands, "doctor", __doc__)
     p.add_argument("--gpu", action="store_true",
                    help="run every GPU path once and print a table (needs CUDA GPUs; `make gpu-check`)")
+    p.add_argument("--probe", action="store_true",
+                   help="measure each --hosts host's link over ssh before training and name a slow one")
+    p.add_argument("--hosts", metavar="A,B", help="hosts to probe, as for horovodrun -H (node1:2,node2:2)")
+    p.add_argument("-p", "--ssh-port", type=int, help="ssh port of the hosts (as horovodrun -p)")
+    p.add_argument("-i", "--ssh-identity-file", metavar="KEY", help="ssh private key (as horovodrun -i)")
     return p
 
 
 def main(args: list[str] | None = None) -> int:
-    if parser().parse_args(args or []).gpu:
+    options = parser().parse_args(args or [])
+    if options.gpu:
         from hvdtrain.cli import gpu_check
 
         return gpu_check.main()
+    if options.probe or options.hosts:
+        from hvdtrain.cli import link_probe
+
+        if not (options.probe and options.hosts):
+            raise UserError("doctor: --probe and --hosts go together, e.g. hvdtrain doctor --probe --hosts "
+                            "node1,node2 (-p PORT -i KEY as for horovodrun)")
+        return link_probe.main(options.hosts, options.ssh_port, options.ssh_identity_file)
     info = collect()
     print(report(info))
     problems = diagnose(info)

@@ -38,6 +38,7 @@ def parser(commands: Commands | None = None) -> Parser:
 
 
 def main(args: list[str]) -> int:
+    from hvdtrain.distributed.settings import mpirun_defaults
     from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
     from hvdtrain.output.console import console
 
@@ -54,6 +55,7 @@ def main(args: list[str]) -> int:
                             "(see `hvdtrain launch --help`)")
         secrets_dir, args = Path(args[1]).resolve(), args[2:]
     env, secrets_file, names = worker_env(os.environ, secrets_dir)
+    env.update(mpirun_defaults(env))   # under --mpi: mpirun gives up on a host cut off, instead of waiting for ever
     if names:
         console.line(f"hvdtrain: {', '.join(names)} go to the workers in {secrets_file} (mode 0600), "
                      "not on their command lines")

@@ -29,8 +29,14 @@ import psutil
 
 from hvdtrain.distributed import collectives
 from hvdtrain.distributed.runtime import world
+from hvdtrain.environment import process
 
 HEARTBEAT_S = 1.0
+# Under mpirun, a rank that exits starts mpirun's abort, which then waits for the lost host's daemon to
+# answer, for ever. Staying alive this long after the line keeps mpirun's link to that host idle, so the
+# TCP keepalives `hvdtrain launch` sets (settings.MPIRUN_KEEPALIVE) let mpirun give up on it 50-55 s after
+# the cut and end the job itself.
+MPIRUN_GRACE_S = 15
 LOST_EXIT = 1   # like any failed rank: horovodrun and mpirun then end the others
 BYE = "bye"     # a rank that finished says so, so its silence afterwards is not a loss
 
@@ -77,6 +83,8 @@ class PeerWatch:
         self.heard = {peer.rank: now for peer in peers}
         self.warned: set[int] = set()
         self.done = threading.Event()
+        started = process.from_env(os.environ)
+        self.under_mpirun = started is not None and started.launcher == "openmpi"
         self.thread = threading.Thread(target=self._loop, name="hvdtrain-peer-watch", daemon=True)
 
     def silent(self, at_least_s: float) -> list[tuple[Peer, float]]:
@@ -134,7 +142,9 @@ class PeerWatch:
         if lost:
             if self._speaks_for_the_job():
                 print(lost_message(lost, self.timeout_s), file=sys.stderr, flush=True)
-            # From this thread the training thread may be blocked in a collective that never returns.
+            if self.under_mpirun:
+                time.sleep(MPIRUN_GRACE_S)
+            # From this thread: the training thread may be blocked in a collective that never returns.
             os._exit(LOST_EXIT)
         for peer, seconds in self.silent(self.timeout_s / 3):
             if peer.rank not in self.warned and self._speaks_for_the_job():

@@ -90,6 +90,26 @@ def mpi_defaults(env: Mapping[str, str]) -> dict[str, str]:
     return wanted
 
 
+# mpirun's own link to each host's daemon (Open MPI's out-of-band TCP) is idle while training runs, so a host
+# cut off goes unnoticed by mpirun: after the peer watch ends the ranks, it waits to hear that the lost host's
+# processes ended, until the host is back (measured: for ever, in docs/troubleshooting.md "Network faults").
+# With a TCP keepalive probe every 5 s and 10 missed, it gives up on the host 50-55 s after the cut, after
+# the peer watch's line (45 s); a 20 s blip misses 4 probes. `hvdtrain launch` sets these for mpirun; a value
+# already in the environment wins.
+MPIRUN_KEEPALIVE = {"OMPI_MCA_oob_tcp_keepalive_time": "5", "OMPI_MCA_oob_tcp_keepalive_intvl": "5",
+                    "OMPI_MCA_oob_tcp_keepalive_probes": "10"}
+
+
+def mpirun_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """The settings hvdtrain adds to mpirun's own environment (not the ranks'), unless `env` has them.
+
+    Example:
+        >>> mpirun_defaults({"OMPI_MCA_oob_tcp_keepalive_time": "60"})
+        {'OMPI_MCA_oob_tcp_keepalive_intvl': '5', 'OMPI_MCA_oob_tcp_keepalive_probes': '10'}
+    """
+    return {key: value for key, value in MPIRUN_KEEPALIVE.items() if key not in env}
+
+
 # Horovod's cycle time when its ops run over Gloo (horovodrun --gloo, elastic jobs, hvdtrain.launch):
 # every cycle is a coordination round over loopback TCP even when no tensor is waiting, and on one core
 # per rank those wake-ups slow the training thread. At 2 ms instead of Horovod's 1: CNN, ResNet-18 and

@@ -8,6 +8,7 @@ notes in docs/troubleshooting.md; the tests assert what happened, and only gener
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,10 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, ROOT
+from conftest import ROOT, horovodrun, show
 from netns_cluster import IFACE, SSH_PORT, SSHD, NamespaceCluster
 
-TRAIN = ["--model", "mlp", "--hidden", "64", "--threads", "1", "--log-interval", "10", "--seed", "7",
+TRAIN = ["--model", "mlp", "--hidden", "256", "--threads", "1", "--log-interval", "10", "--seed", "7",
          "--checkpoint-epochs", "1", "--keep-checkpoints", "2"]
 EPOCHS = 12
 OUTAGE_S = 20        # the blip of the issue: TCP retransmits ride it out (a retransmission ~25 s in)
@@ -54,12 +55,15 @@ def cluster():
 
 
 class Job:
-    """horovodrun over ssh from the launcher namespace; every output line kept with the time it came."""
+    """`hvdtrain launch` (horovodrun) over ssh from the launcher namespace; every output line kept with the
+    time it came."""
 
     def __init__(self, cluster: NamespaceCluster, folder: Path, backend: str, name: str, args: list[str]) -> None:
         (folder / "hostfile").write_text("host1 slots=1\nhost2 slots=1\n")
         mpi_args = ["--mpi-args", f"-mca oob_tcp_if_include {IFACE}"] if backend == "mpi" else []
-        launch = [str(BIN / "horovodrun"), "-np", "2", "--hostfile", str(folder / "hostfile"), "-p", str(SSH_PORT),
+        # hvdtrain launch: horovodrun with hvdtrain's settings for mpirun itself (it gives up on a lost host)
+        launch = [sys.executable, "-m", "hvdtrain", "launch", "--secrets-dir", str(folder),
+                  "-np", "2", "--hostfile", str(folder / "hostfile"), "-p", str(SSH_PORT),
                   "-i", str(cluster.key), "--network-interfaces", IFACE, "--start-timeout", "120",
                   "--disable-cache", f"--{backend}", *mpi_args, sys.executable, "-m", "hvdtrain", *TRAIN,
                   "--run-dir", str(folder / "runs"), "--name", name, *args]
@@ -127,13 +131,14 @@ def assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 
 
 @pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory):
-    """The same job with no fault (Gloo): its final weights, and the checkpoint it ends with."""
+def reference(tmp_path_factory):
+    """The same job with no network at all: two Gloo ranks on loopback (the same arithmetic as two hosts,
+    without ssh's start-up cost). Its run folder."""
     folder = tmp_path_factory.mktemp("reference")
-    job = Job(cluster, folder, "gloo", "reference", ["--epochs", str(EPOCHS)])
-    code, _ = job.finish(300)
-    assert code == 0, job.text()[-4000:]
-    return last_weights(job.run)
+    proc = horovodrun(2, ["-m", "hvdtrain", *TRAIN, "--epochs", str(EPOCHS), "--run-dir", str(folder),
+                          "--name", "reference"], "gloo", timeout=300, env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, show(proc)
+    return folder / "reference"
 
 
 def worker_pid(cluster: NamespaceCluster, role: str) -> int:
@@ -176,7 +181,7 @@ def test_a_host_partitioned_for_20_s_is_ridden_out_or_named_and_resume_continues
         again = Job(cluster, tmp_path, backend, "blip", ["--epochs", str(EPOCHS), "--resume", "auto"])
         code, _ = again.finish(300)
         assert code == 0 and "resumed from" in again.text(), again.text()[-4000:]
-    assert_close(last_weights(job.run), reference)
+    assert_close(last_weights(job.run), last_weights(reference))
 
 
 def test_a_frozen_worker_is_named_and_the_job_ends_within_the_peer_timeout(cluster, tmp_path):
@@ -206,16 +211,32 @@ def test_a_frozen_worker_is_named_and_the_job_ends_within_the_peer_timeout(clust
     assert "Traceback" not in "\n".join(line for _, line in job.lines if "]<std" in line), job.text()[-4000:]
 
 
-def test_a_link_at_a_tenth_of_the_others_gives_the_same_weights(cluster, reference, tmp_path):
+def step_ms(run: Path) -> float:
+    """The median of the epochs' step times, as the console table shows them."""
+    times = sorted(json.loads(line)["step_time_s"] * 1000 for line in (run / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(line)["kind"] == "epoch")
+    return times[len(times) // 2]
+
+
+def test_a_link_at_a_tenth_of_the_others_is_named_by_the_probe_and_gives_the_same_weights(
+        cluster, reference, tmp_path):
     host1, host2 = cluster.workers
     try:
         cluster.limit(host1, "1gbit")
         cluster.limit(host2, "100mbit")
+        probe = cluster.exec(cluster.launcher, sys.executable, "-m", "hvdtrain", "doctor", "--probe", "--hosts",
+                             "host1,host2", "-p", str(SSH_PORT), "-i", str(cluster.key), check=False, timeout=120)
         job = Job(cluster, tmp_path, "gloo", "slow", ["--epochs", str(EPOCHS)])
         code, _ = job.finish(300)
     finally:
         cluster.unlimit(host1)
         cluster.unlimit(host2)
+    print(f"\nprobe with host2 at 100 Mbit/s, host1 at 1 Gbit/s:\n{probe.stdout}")
+    errors = [line for line in probe.stdout.splitlines() if line.startswith("hvdtrain: error:")]
+    assert probe.returncode == 1 and len(errors) == 1 and "host host2's link is slow" in errors[0], \
+        probe.stdout + probe.stderr
     assert code == 0, job.text()[-4000:]
+    print(f"median step {step_ms(job.run):.1f} ms (unlimited, on loopback: {step_ms(reference):.1f} ms)")
     got = last_weights(job.run)
-    assert all(torch.equal(got[key], reference[key]) for key in reference)   # bit-identical
+    want = last_weights(reference)
+    assert all(torch.equal(got[key], want[key]) for key in want)   # bit-identical
