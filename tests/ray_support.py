@@ -9,6 +9,7 @@ fixed defaults (the dashboard agent's 52365) or race for the same random ones.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,13 +27,13 @@ _TAKEN: set[int] = set()
 
 def _free_port_block(count: int) -> int:
     """The first of `count` consecutive ports free on every address now and not handed out before: some of
-    Ray's servers bind 0.0.0.0, so nodes on one machine need disjoint ports even with distinct IPs."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            first = probe.getsockname()[1]
+    Ray's servers bind 0.0.0.0, so nodes on one machine need disjoint ports even with distinct IPs. Drawn
+    below Linux's ephemeral range (32768+), where outgoing connections would take them meanwhile."""
+    rng = random.Random()
+    for _ in range(500):
+        first = rng.randrange(20000, 32700 - count)
         block = set(range(first, first + count))
-        if first + count >= 65000 or block & _TAKEN:
+        if block & _TAKEN:
             continue
         try:
             for port in block:
