@@ -62,3 +62,22 @@ def test_an_offline_run_holds_the_config_every_step_and_the_summary_and_a_resume
     assert f"continuing W&B run {saved['run_id']}" in second.stdout, show(second)
     steps = [row["_step"] for row in wandb_files.history(folder / "wandb") if "train/loss" in row]
     assert steps == list(range(4, 65, 4)), steps   # each step once, in order, across both processes' files
+
+
+def test_the_reader_follows_records_across_the_files_32_kib_blocks(tmp_path, monkeypatch):
+    import wandb
+
+    for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    big = "x" * 100_000   # one record over three blocks: FIRST, MIDDLE, LAST chunks
+    run = wandb.init(project="p", dir=str(tmp_path), mode="offline", config={"big": big},
+                     settings=wandb.Settings(silent=True, console="off"))
+    for step in range(0, 300, 3):
+        run.log({"m/a": float(step)}, step=step)
+    run.finish()
+    [path] = [p for p in (tmp_path / "wandb").glob("offline-run-*/run-*.wandb") if not p.parent.is_symlink()]
+    assert path.stat().st_size > 3 * wandb_files.BLOCK
+    [started] = [r.run for r in wandb_files.records(path) if r.WhichOneof("record_type") == "run"]
+    assert {item.key: json.loads(item.value_json) for item in started.config.update}["big"] == big
+    assert [row["m/a"] for row in wandb_files.history(tmp_path / "wandb")] == [float(s) for s in range(0, 300, 3)]
+    assert wandb_files.last_steps(tmp_path / "wandb", run.id) == {"m/a": 297}
