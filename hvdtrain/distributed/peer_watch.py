@@ -32,6 +32,7 @@ from hvdtrain.distributed.runtime import world
 from hvdtrain.environment import process
 
 HEARTBEAT_S = 1.0
+UNHEARD_S = 10   # a peer not heard from this long after the start is reported once, and never judged
 # Under mpirun, a rank that exits starts mpirun's abort, which then waits for the lost host's daemon to
 # answer, for ever. Staying alive this long after the line keeps mpirun's link to that host idle, so the
 # TCP keepalives `hvdtrain launch` sets (settings.MPIRUN_KEEPALIVE) let mpirun give up on it 50-55 s after
@@ -79,8 +80,11 @@ class PeerWatch:
 
     def __init__(self, rank: int, token: str, peers: list[Peer], sock: socket.socket, timeout_s: int) -> None:
         self.rank, self.token, self.peers, self.sock, self.timeout_s = rank, token, peers, sock, timeout_s
-        now = time.monotonic()
-        self.heard = {peer.rank: now for peer in peers}
+        self.started = time.monotonic()
+        # None until a peer's first heartbeat: one never heard is not judged (UDP may be filtered between
+        # hosts; a watch that cannot hear must not end a healthy job), only reported once.
+        self.heard: dict[int, float | None] = {peer.rank: None for peer in peers}
+        self.unheard_told = False
         self.warned: set[int] = set()
         self.done = threading.Event()
         started = process.from_env(os.environ)
@@ -89,8 +93,9 @@ class PeerWatch:
 
     def silent(self, at_least_s: float) -> list[tuple[Peer, float]]:
         now = time.monotonic()
-        return [(peer, now - self.heard[peer.rank]) for peer in self.peers
-                if peer.rank in self.heard and now - self.heard[peer.rank] >= at_least_s]
+        heard = {rank: at for rank, at in self.heard.items() if at is not None}
+        return [(peer, now - heard[peer.rank]) for peer in self.peers
+                if peer.rank in heard and now - heard[peer.rank] >= at_least_s]
 
     def stop(self) -> None:
         self._send(BYE)
@@ -134,10 +139,18 @@ class PeerWatch:
 
     def _speaks_for_the_job(self) -> bool:
         """The lowest rank among this one and those it still hears from."""
-        hearing = [rank for rank, at in self.heard.items() if time.monotonic() - at < self.timeout_s / 3]
+        hearing = [rank for rank, at in self.heard.items()
+                   if at is not None and time.monotonic() - at < self.timeout_s / 3]
         return self.rank < min(hearing, default=self.rank + 1)
 
     def _judge(self) -> None:
+        unheard = [peer for peer in self.peers if self.heard.get(peer.rank, 0.0) is None]
+        if unheard and not self.unheard_told and time.monotonic() - self.started > UNHEARD_S:
+            self.unheard_told = True
+            if self.rank == 0:
+                print(f"hvdtrain: warning: no heartbeat from {', '.join(p.where() for p in unheard)} in "
+                      f"{UNHEARD_S} s (UDP between hosts filtered?); a lost host there is not named, and only "
+                      "Gloo's timeout ends the job (nothing under MPI)", file=sys.stderr, flush=True)
         lost = self.silent(self.timeout_s)
         if lost:
             if self._speaks_for_the_job():
@@ -153,7 +166,8 @@ class PeerWatch:
                       flush=True)
             self.warned.add(peer.rank)
         for rank in list(self.warned):
-            if rank in self.heard and time.monotonic() - self.heard[rank] < HEARTBEAT_S * 2:
+            at = self.heard.get(rank)
+            if at is not None and time.monotonic() - at < HEARTBEAT_S * 2:
                 self.warned.discard(rank)   # back: a later silence warns again
 
 
