@@ -86,7 +86,11 @@ def test_a_server_killed_mid_run_is_one_warning_and_the_run_finishes_whole(tmp_p
     run_dir = tmp_path / "runs" / "server-dies"
     command, env = train(tmp_path / "runs", "server-dies",
                          ["--model", "faults:slow_mlp", "--epochs", "8", "--log-interval", "2"], url)
-    env["FAULTS_SLEEP_S"] = "0.04"  # ~10 s of steps: the server dies while they run
+    # Training holds after step 4 until the server is dead (however long a loaded machine takes to get the
+    # first metrics to it), then runs its remaining ~10 s of steps against the dead server.
+    hold = tmp_path / "hold"
+    hold.touch()
+    env.update(FAULTS_SLEEP_S="0.04", FAULTS_HOLD_FILE=str(hold), FAULTS_HOLD_AFTER="4")
     log = tmp_path / "train.log"
     with log.open("w") as out:
         proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
@@ -100,6 +104,7 @@ def test_a_server_killed_mid_run_is_one_warning_and_the_run_finishes_whole(tmp_p
                 time.sleep(0.2)
             kill_tree(server, 9)
             killed_at = time.time()
+            hold.unlink()
             assert proc.wait(timeout=180) == 0, log.read_text()
         finally:
             if proc.poll() is None:

@@ -14,14 +14,24 @@ from hvdtrain.models.builtin import mlp
 
 
 class _Slow(nn.Module):
-    """Sleeps in forward so a test can act mid-epoch; the math is the plain MLP's."""
+    """Sleeps in forward so a test can act mid-epoch; the math is the plain MLP's.
+
+    FAULTS_HOLD_FILE=PATH: after FAULTS_HOLD_AFTER training steps (default 4), steps wait while PATH exists,
+    so a test acts at a known point however slowly the machine runs, then removes PATH to let training go on.
+    """
 
     def __init__(self, inner: nn.Module, seconds: float) -> None:
         super().__init__()
-        self.inner, self.seconds = inner, seconds
+        self.inner, self.seconds, self.calls = inner, seconds, 0
+        self.hold = os.environ.get("FAULTS_HOLD_FILE", "")
+        self.hold_after = int(os.environ.get("FAULTS_HOLD_AFTER", "4"))
 
     def forward(self, x):
         time.sleep(self.seconds)
+        if self.training and self.hold:
+            self.calls += 1
+            while self.calls > self.hold_after and os.path.exists(self.hold):
+                time.sleep(0.1)
         return self.inner(x)
 
 
