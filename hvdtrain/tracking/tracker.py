@@ -27,8 +27,10 @@ from hvdtrain.tracking.wandb_sink import WandbSink
 
 # The end of a run waits this long for the tracker (the last metrics and the artifact upload).
 FLUSH_S = 60.0
-# A process that ends without finish() (an error, a signal) closes its run this much faster.
-ABANDON_S = 10.0
+# A process that ends without finish() (an error, a signal) closes its run this much faster. Long enough for
+# a run still being opened to open first: a tune trial pruned (SIGTERM) within its first epoch on a loaded
+# machine was gone before MLflow's import and store had opened its run at 10 s, so the study lost the trial.
+ABANDON_S = 30.0
 # Sends are at least this far apart: a store's cost is mostly per call (an embedded sqlite log_batch of 4
 # metrics costs ~5 ms of CPU, one of 40 ~20 ms), and that CPU is taken from the training ranks on a full
 # machine. The end of a run does not wait for it.
