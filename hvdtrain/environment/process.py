@@ -86,6 +86,13 @@ def from_env(env: Mapping[str, str], pid: int | None = None) -> Process | None:
     return None
 
 
+def launcher_env(place: Process, launcher: str = "gloo") -> dict[str, str]:
+    """The variables `launcher` gives a process at `place`: for launchers of hvdtrain's own (Ray actors get
+    what horovodrun --gloo sets), written from the same table this module reads them with."""
+    names = next(row[1:] for row in LAUNCHERS if row[0] == launcher)
+    return dict(zip(names, map(str, (place.rank, place.size, place.local_rank, place.local_size)), strict=True))
+
+
 def use_horovod(answer: Callable[[], Process | None]) -> None:
     """Called by `distributed` at import: `answer()` is Horovod's own view, or None before hvd.init()."""
     _HOROVOD[:] = [answer]
@@ -108,7 +115,6 @@ def is_rank_zero() -> bool:
 def launched(env: Mapping[str, str] | None = None) -> bool:
     """A launcher started this process (its output goes to the launcher, not to a terminal of the user's)."""
     return from_env(os.environ if env is None else env) is not None
-
 
 
 def export_rank_env(env: MutableMapping[str, str] | None = None) -> Process | None:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hvdtrain.environment.process import Process, launcher_env
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -55,8 +57,8 @@ def plan(bundle_nodes: Sequence[str], node_ips: dict[str, str]) -> list[Slot]:
 
 def horovod_env(slot: Slot, rendezvous: tuple[str, int], iface: str) -> dict[str, str]:
     """The variables horovodrun --gloo gives a worker (horovod/runner/gloo_run.py), for one actor."""
-    return {"HOROVOD_HOSTNAME": slot.node_id, "HOROVOD_RANK": str(slot.rank), "HOROVOD_SIZE": str(slot.size),
-            "HOROVOD_LOCAL_RANK": str(slot.local_rank), "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+    place = Process(slot.rank, slot.size, slot.local_rank, slot.local_size, "gloo")
+    return {**launcher_env(place, "gloo"), "HOROVOD_HOSTNAME": slot.node_id,
             "HOROVOD_CROSS_RANK": str(slot.cross_rank), "HOROVOD_CROSS_SIZE": str(slot.cross_size),
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous[0], "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous[1]),
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
