@@ -22,6 +22,8 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,6 +238,33 @@ def _kill_namespace_processes(namespace: str) -> list[str]:
             time.sleep(0.2)
     left = pids()
     return [f"processes {left} still in {namespace}"] if left else []
+
+
+@contextmanager
+def running_cluster(hosts: int = 2, tools: tuple[str, ...] = ()) -> Iterator[NamespaceCluster]:
+    """A started cluster for a pytest fixture: skipped (not failed) where namespaces or sshd cannot exist
+    here, and cleaned up afterwards with anything left behind reported as a failure. `tools`: other
+    commands the test needs on PATH (e.g. tc)."""
+    import pytest  # only the tests use this; benchmarks import the module without pytest's help
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates network namespaces and runs sshd (CI runs as root)")
+    if not Path(SSHD).exists():
+        pytest.skip(f"no {SSHD}: install Debian's openssh-server (scripts/install-horovod does, as root)")
+    for tool in ("ip", "unshare", "ssh", "ssh-keygen", *tools):
+        if shutil.which(tool) is None:
+            pytest.skip(f"no {tool} on PATH (Debian: iproute2, util-linux, openssh-client)")
+    made = NamespaceCluster(hosts=hosts)
+    try:
+        try:
+            made.create_namespaces()
+        except subprocess.CalledProcessError as err:
+            pytest.skip(f"cannot create network namespaces here: `ip netns add` said {err.stderr.strip()!r}")
+        made.start()
+        yield made
+    finally:
+        problems = made.cleanup()
+        assert not problems, f"cleanup left things behind: {problems}"
 
 
 def rate_bits(rate: str) -> float:

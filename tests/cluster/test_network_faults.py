@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, horovodrun, show
-from netns_cluster import IFACE, SSH_PORT, SSHD, NamespaceCluster
+from netns_cluster import IFACE, SSH_PORT, NamespaceCluster, running_cluster
 
 TRAIN = ["--model", "mlp", "--hidden", "256", "--threads", "1", "--log-interval", "10", "--seed", "7",
          "--checkpoint-epochs", "1", "--keep-checkpoints", "2"]
@@ -34,24 +33,8 @@ ROW = re.compile(r"<stdout>:\s+\d+\s+\d+\s")   # an epoch row of the console tab
 
 @pytest.fixture(scope="module")
 def cluster():
-    if os.geteuid() != 0:
-        pytest.skip("needs root: creates network namespaces and runs sshd (CI runs as root)")
-    if not Path(SSHD).exists():
-        pytest.skip(f"no {SSHD}: install Debian's openssh-server (scripts/install-horovod does, as root)")
-    for tool in ("ip", "tc", "unshare", "ssh", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"no {tool} on PATH (Debian: iproute2, util-linux, openssh-client)")
-    made = NamespaceCluster(hosts=2)
-    try:
-        try:
-            made.create_namespaces()
-        except subprocess.CalledProcessError as err:
-            pytest.skip(f"cannot create network namespaces here: `ip netns add` said {err.stderr.strip()!r}")
-        made.start()
+    with running_cluster(tools=("tc",)) as made:
         yield made
-    finally:
-        problems = made.cleanup()
-        assert not problems, f"cleanup left things behind: {problems}"
 
 
 class Job:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BACKENDS, BIN, ROOT, show
-from netns_cluster import IFACE, SSH_PORT, SSHD, NamespaceCluster
+from netns_cluster import IFACE, SSH_PORT, running_cluster
 
 RAW_HOSTFILE = "# two hosts, one worker each\n\nhost1:1\nhost2 slots=1   # the second namespace\n"
 TRAIN = ["--model", "mlp", "--epochs", "8", "--threads", "1", "--log-interval", "10"]
@@ -24,24 +23,8 @@ TRAIN = ["--model", "mlp", "--epochs", "8", "--threads", "1", "--log-interval", 
 
 @pytest.fixture
 def cluster():
-    if os.geteuid() != 0:
-        pytest.skip("needs root: creates network namespaces and runs sshd (CI runs as root)")
-    if not Path(SSHD).exists():
-        pytest.skip(f"no {SSHD}: install Debian's openssh-server (scripts/install-horovod does, as root)")
-    for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"no {tool} on PATH (Debian: iproute2, util-linux, openssh-client)")
-    made = NamespaceCluster(hosts=2)
-    try:
-        try:
-            made.create_namespaces()
-        except subprocess.CalledProcessError as err:
-            pytest.skip(f"cannot create network namespaces here: `ip netns add` said {err.stderr.strip()!r}")
-        made.start()
+    with running_cluster() as made:
         yield made
-    finally:
-        problems = made.cleanup()
-        assert not problems, f"cleanup left things behind: {problems}"
 
 
 def write_hostfile(folder: Path) -> Path:
