@@ -48,24 +48,12 @@ def parser(commands: Commands | None = None) -> Parser:
 
 def main(args: list[str]) -> int:
     """Train the config given by `args` on Ray; exit 0, 2 for a user error (on any rank), 1 for a crash."""
-    from hvdtrain.errors import WorkerError
-    from hvdtrain.output.console import console
+    from hvdtrain.cli.remote_fit import fit_and_report
     from hvdtrain.ray.runner import fit
 
     parsed, config = parser().parse_with_config(args)  # bad keys fail here, before Ray starts
     options = RayOptions(**values(parsed, RayOptions))
-    try:
-        history = fit(config, num_workers=options.np, cpus_per_worker=options.cpus_per_worker,
-                      gpus_per_worker=options.gpus_per_worker, address=options.address or None,
-                      strategy=options.strategy, start_timeout=options.start_timeout)
-    except WorkerError as err:
-        if err.user_error:
-            console.error(f"error: {err.user_error}")
-            return 2
-        console.error(f"error: {err}")
-        return 1
-    summary = history.summary
-    acc = summary.get("val_acc")
-    console.line(f"hvdtrain: ray run done: {summary['workers']} worker(s), val_acc "
-                 f"{'-' if acc is None else f'{acc:.4f}'}, run dir {summary['run_dir'] or '(none)'}")
-    return 0
+    return fit_and_report("ray", lambda: fit(
+        config, num_workers=options.np, cpus_per_worker=options.cpus_per_worker,
+        gpus_per_worker=options.gpus_per_worker, address=options.address or None,
+        strategy=options.strategy, start_timeout=options.start_timeout))

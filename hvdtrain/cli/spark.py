@@ -31,22 +31,10 @@ def parser(commands: Commands | None = None) -> Parser:
 
 def main(args: list[str]) -> int:
     """Train the config given by `args` on Spark; exit 0, 2 for a user error (on any rank), 1 for a crash."""
-    from hvdtrain.errors import WorkerError
-    from hvdtrain.output.console import console
+    from hvdtrain.cli.remote_fit import fit_and_report
     from hvdtrain.spark.runner import fit
 
     parsed, config = parser().parse_with_config(args)  # bad keys fail here, before Spark starts
     options = SparkOptions(**values(parsed, SparkOptions))
-    try:
-        history = fit(config, num_proc=options.num_proc, start_timeout=options.start_timeout)
-    except WorkerError as err:
-        if err.user_error:  # e.g. a plug-in that the executors cannot import: the user's fix, no traceback
-            console.error(f"error: {err.user_error}")
-            return 2
-        console.error(f"error: {err}")
-        return 1
-    summary = history.summary
-    acc = summary.get("val_acc")
-    console.line(f"hvdtrain: spark run done: {summary['workers']} worker(s), val_acc "
-                 f"{'-' if acc is None else f'{acc:.4f}'}, run dir {summary['run_dir'] or '(none)'}")
-    return 0
+    return fit_and_report("spark", lambda: fit(config, num_proc=options.num_proc,
+                                               start_timeout=options.start_timeout))
