@@ -75,6 +75,9 @@ def test_the_reader_follows_records_across_the_files_32_kib_blocks(tmp_path, mon
     for step in range(0, 300, 3):
         run.log({"m/a": float(step)}, step=step)
     run.finish()
+    # finish() can return before wandb's service has written the file's last blocks (CI once read exactly
+    # 3 x 32 KiB of ~124 KiB); teardown waits for the service process to exit, which closes the file.
+    wandb.teardown()
     [path] = [p for p in (tmp_path / "wandb").glob("offline-run-*/run-*.wandb") if not p.parent.is_symlink()]
     assert path.stat().st_size > 3 * wandb_files.BLOCK
     [started] = [r.run for r in wandb_files.records(path) if r.WhichOneof("record_type") == "run"]
