@@ -72,7 +72,8 @@ class TrainConfig:
     stall_check_s: int = option(60, "Horovod warns when ranks wait this long for each other; 0 = no check")
     stall_shutdown_s: int = option(0, "Horovod aborts the job after a stall this long; 0 = never")
     peer_timeout_s: int = option(45, "a rank silent this long (host unreachable, process frozen) ends the job with "
-                                     "one line naming its host; shorter blips are ridden out; 0 = off")
+                                     "one line naming its host (elastic: the job drops it and goes on); shorter "
+                                     "blips are ridden out; 0 = off")
     gloo_timeout_s: int = option(60, "Gloo fails a collective that waits this long (at 60, horovodrun's "
                                      "--gloo-timeout-seconds wins); keep it above --peer-timeout-s")
     threads: int = option(0, "torch threads per worker; 0 = cores / workers on this host")

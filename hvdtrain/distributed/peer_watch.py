@@ -9,8 +9,8 @@ that gets a warning. A shorter blip passes: TCP retransmits what was in flight o
 (measured in docs/troubleshooting.md: 20 s partitions ridden out under Gloo and MPI).
 
 Only the lowest rank that still hears from the others prints, so a job writes one line, not one per
-rank; the others exit quietly with the same status. Nothing here is used by elastic jobs: Horovod
-elastic drops a lost worker itself.
+rank; the others exit quietly with the same status. Elastic jobs do not use this: their
+workers beat to the driver instead (driver_heartbeat.py), which drops a silent one and goes on.
 """
 from __future__ import annotations
 

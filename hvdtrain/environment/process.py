@@ -93,6 +93,20 @@ def launcher_env(place: Process, launcher: str = "gloo") -> dict[str, str]:
     return dict(zip(names, map(str, (place.rank, place.size, place.local_rank, place.local_size)), strict=True))
 
 
+def elastic_slot(env: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """This worker's slot as horovodrun --gloo names it (host name, local rank): the key Horovod's elastic
+    driver files its workers under. None under other launchers.
+
+    Example:
+        >>> elastic_slot({"HOROVOD_RANK": "3", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_HOSTNAME": "node2"})
+        ('node2', 1)
+    """
+    env = os.environ if env is None else env
+    started = from_env(env)
+    host = env.get("HOROVOD_HOSTNAME", "")
+    return (host, started.local_rank) if started is not None and started.launcher == "gloo" and host else None
+
+
 def use_horovod(answer: Callable[[], Process | None]) -> None:
     """Called by `distributed` at import: `answer()` is Horovod's own view, or None before hvd.init()."""
     _HOROVOD[:] = [answer]

@@ -10,6 +10,8 @@ driver: below --min-np for --start-timeout seconds (the time a replacement host 
 prints one line naming the hosts that left, stops the driver (which terminates the workers) and exits 1.
 Workers see the same bound (WAIT_ENV): the old rank 0 saves the last commit while waiting (train/elastic.py);
 with enough slots (a joining host still loading its data) they wait on, as the world can still form.
+A worker that stays up but goes silent (frozen, or its host cut off the network) exits nothing Horovod can
+see: the workers' heartbeats (launcher/worker_watch.py) drop it after its --peer-timeout-s.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from hvdtrain.launcher.worker_watch import WorkerWatch
 
 WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
 # Tells workers this driver bounds the wait by the slots (vs --min-np), so they need no fixed bound of their own.
@@ -92,6 +96,8 @@ def main(argv: list[str]) -> int:
     os.environ[WAIT_ENV] = str(wait_s)   # horovodrun forwards its environment to the workers
     os.environ[WATCHED_ENV] = "1"
     watches: list[BelowMinNpWatch] = []
+    workers = WorkerWatch()   # its port and token reach the workers with horovodrun's environment
+    os.environ.update(workers.env())
     original_init = hvd_driver.ElasticDriver.__init__
 
     # Horovod builds its driver deep inside launch_gloo_elastic: its constructor is the one place to hook.
@@ -99,6 +105,7 @@ def main(argv: list[str]) -> int:
         original_init(driver, *a, **kw)
         watches.append(BelowMinNpWatch(driver, wait_s))
         watches[-1].start()
+        workers.watch(driver)
 
     hvd_driver.ElasticDriver.__init__ = init_and_watch
     try:

@@ -16,7 +16,7 @@ from hvdtrain.data.loader import build_loader
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
 from hvdtrain.data.streaming import check_resume, is_stream
 from hvdtrain.data.user_loader import prepare, unwrap
-from hvdtrain.distributed import collectives, gradients, peer_watch, runtime, settings, sync_bn
+from hvdtrain.distributed import collectives, driver_heartbeat, gradients, peer_watch, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.models.pipeline import place
@@ -197,9 +197,10 @@ class Trainer:
             p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
         self.samples_this_fit = 0
         start = time.perf_counter()
-        # Horovod: a host cut off or a frozen rank ends the job with one line naming it, never a hang
-        # (elastic jobs drop a lost worker themselves).
-        with peer_watch.watching(0 if self.elastic else self.config.peer_timeout_s):
+        # Horovod: a host cut off or a frozen rank ends the job with one line naming it, never a hang;
+        # an elastic job's driver drops such a worker instead and goes on (launcher/worker_watch.py).
+        with peer_watch.watching(0 if self.elastic else self.config.peer_timeout_s), \
+                driver_heartbeat.beating(self.config.peer_timeout_s if self.elastic else 0):
             if self.elastic:
                 self.progress = self.elastic.run(p, end_epoch)
             else:

@@ -41,16 +41,19 @@ class Job:
     """`hvdtrain launch` (horovodrun) over ssh from the launcher namespace; every output line kept with the
     time it came."""
 
-    def __init__(self, cluster: NamespaceCluster, folder: Path, backend: str, name: str, args: list[str]) -> None:
-        (folder / "hostfile").write_text("host1 slots=1\nhost2 slots=1\n")
+    def __init__(self, cluster: NamespaceCluster, folder: Path, backend: str, name: str, args: list[str],
+                 launch_args: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        if launch_args is None:   # two ranks, one on each host
+            (folder / "hostfile").write_text("host1 slots=1\nhost2 slots=1\n")
+            launch_args = ["-np", "2", "--hostfile", str(folder / "hostfile")]
         mpi_args = ["--mpi-args", f"-mca oob_tcp_if_include {IFACE}"] if backend == "mpi" else []
         # hvdtrain launch: horovodrun with hvdtrain's settings for mpirun itself (it gives up on a lost host)
         launch = [sys.executable, "-m", "hvdtrain", "launch", "--secrets-dir", str(folder),
-                  "-np", "2", "--hostfile", str(folder / "hostfile"), "-p", str(SSH_PORT),
+                  *launch_args, "-p", str(SSH_PORT),
                   "-i", str(cluster.key), "--network-interfaces", IFACE, "--start-timeout", "120",
                   "--disable-cache", f"--{backend}", *mpi_args, sys.executable, "-m", "hvdtrain", *TRAIN,
                   "--run-dir", str(folder / "runs"), "--name", name, *args]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
         self.lines: list[tuple[float, str]] = []
         self.proc = subprocess.Popen(["ip", "netns", "exec", cluster.launcher.namespace, *launch], cwd=ROOT, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

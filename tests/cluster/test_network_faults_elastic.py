@@ -1,0 +1,103 @@
+"""A partition or a frozen worker under elastic training (issue 29): one of three real hosts cut off (or its
+worker stopped with SIGSTOP) for 20 s, then healed.
+
+The survivors must shrink to two and train on, the healed host must be re-admitted, every epoch's samples
+must be trained exactly once counting from the last commit, and all ranks must end with equal weights.
+Three hosts are network namespaces with sshd (tests/netns_cluster.py); the partition is host3's interface
+taken down inside its namespace, brought up again in a `finally` (a frozen worker gets its SIGCONT there
+too). The probe plug-in (tests/plugins/elastic_probe.py) logs the samples of every step; its hold file
+keeps steps slow until host3 is back, so the run outlasts the fault however loaded the machine is.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from netns_cluster import running_cluster
+from test_elastic import effective_steps, epoch_coverage, probe_lines, wait_until
+from test_network_faults import Job, worker_pid
+
+OUTAGE_S = 20
+GLOO_TIMEOUT_S = 10      # how long a survivor's collective waits for the lost host before it resets
+PEER_TIMEOUT_S = 12     # the driver drops a worker it has not heard from for this long
+COOLDOWN_S = ("10", "20")  # Horovod's blacklist cooldown: when a failed host may be tried again
+EPOCHS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with running_cluster(hosts=3) as made:
+        yield made
+
+
+def elastic_job(cluster, tmp_path: Path) -> Job:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("host1:1\nhost2:1\nhost3:1\n")
+    launch = ["-np", "3", "--min-np", "2", "--max-np", "3",
+              "--host-discovery-script", str(ROOT / "hostfiles" / "discover-hosts.sh"),
+              "--gloo-timeout-seconds", str(GLOO_TIMEOUT_S), "--blacklist-cooldown-range", *COOLDOWN_S]
+    train = ["--elastic", "true", "--dataset", "elastic_probe:indexed_digits", "--model", "elastic_probe:probe_mlp",
+             "--hidden", "256", "--epochs", str(EPOCHS), "--batch-size", "16", "--commit-steps", "5",
+             "--threads", "1", "--peer-timeout-s", str(PEER_TIMEOUT_S)]
+    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'plugins'}", "HVDTRAIN_HOSTS_FILE": str(hosts),
+           "ELASTIC_PROBE_LOG": str(tmp_path / "probe"), "ELASTIC_PROBE_HOLD": str(tmp_path / "hold")}
+    return Job(cluster, tmp_path, "gloo", "elastic", train, launch_args=launch, env=env)
+
+
+def training_pids(lines: list[dict], since: float, until: float = float("inf")) -> set[str]:
+    return {line["pid"] for line in lines if since < line["t"] < until}
+
+
+@pytest.mark.parametrize("fault", ["partition", "freeze"])
+def test_elastic_a_host_cut_off_or_frozen_for_20_s_is_dropped_then_readmitted_and_no_sample_is_lost(
+        cluster, tmp_path, fault):
+    host3 = cluster.workers[2]
+    (tmp_path / "hold").touch()
+    job = elastic_job(cluster, tmp_path)
+    frozen = None
+    try:
+        wait_until(lambda: len(training_pids(probe_lines(tmp_path), 0)) == 3 and len(probe_lines(tmp_path)) > 60,
+                   240, "three workers training")
+        lost = f".{worker_pid(cluster, 'host3')}"   # as the probe names its log files
+        cut, cut_wall = time.monotonic(), time.time()
+        if fault == "partition":
+            cluster.partition(host3)
+        else:   # a swap storm or a debugger: the worker stops, its host and links stay up
+            frozen = int(lost[1:])
+            os.kill(frozen, signal.SIGSTOP)
+        wait_until(lambda: time.monotonic() > cut + OUTAGE_S, OUTAGE_S + 5, "the outage")
+    finally:
+        cluster.heal(host3)
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+    before = training_pids(probe_lines(tmp_path), 0, cut_wall)
+    try:
+        # The job went on without host3's worker; once the host is back, Horovod starts a new one there.
+        wait_until(lambda: training_pids(probe_lines(tmp_path), cut_wall) - before, 240, "host3 re-admitted")
+    finally:
+        (tmp_path / "hold").unlink()
+    code, ended = job.finish(300)
+    lines = probe_lines(tmp_path)
+    readmitted_wall = min(line["t"] for line in lines if line["t"] > cut_wall and line["pid"] not in before)
+    # The survivors; a frozen worker logs the step it was stopped in once it runs again, then leaves.
+    shrunk = training_pids(lines, cut_wall + GLOO_TIMEOUT_S, readmitted_wall) - {lost}
+    back = min(line["t"] for line in lines if line["t"] > cut_wall + GLOO_TIMEOUT_S and line["pid"] in shrunk)
+    print(f"\nelastic, host3 {fault} for {OUTAGE_S} s (--gloo-timeout-seconds {GLOO_TIMEOUT_S}, --peer-timeout-s "
+          f"{PEER_TIMEOUT_S}): two workers training {back - cut_wall:.1f} s after the fault, a new one on host3 "
+          f"{readmitted_wall - cut_wall:.1f} s after it; the job ended {ended - cut:.1f} s after it, exit {code}")
+    assert code == 0, job.text()[-6000:]
+    assert shrunk == before - {lost} and len(shrunk) == 2, (shrunk, before, lost)  # the survivors went on alone,
+    assert back - cut_wall < OUTAGE_S, job.text()[-6000:]                           # before host3 was back
+    dropped = [line for _, line in job.lines if "has not been heard from" in line]
+    assert len(dropped) == 1 and "host host3" in dropped[0], dropped
+    summary = json.loads((job.run / "summary.json").read_text())
+    assert summary["workers"] == 3 and len(set(summary["param_digests"])) == 1, summary
+    coverage = epoch_coverage(job.run, effective_steps(lines))
+    assert len(coverage) == EPOCHS
+    for epoch, missing, repeated in coverage:
+        assert not missing and not repeated, (epoch, missing[:10], repeated[:10])
