@@ -106,6 +106,19 @@ class RayCluster:
             self._wait_for(f"worker{i}", timeout)
         self.wait_for_nodes(1 + len(self.worker_ips), timeout)
 
+    def add_worker(self, timeout: float = 120) -> str:
+        """Start one more worker node (the next loopback address); its name."""
+        i = len(self.worker_ips)
+        self.worker_ips.append(f"127.0.0.{11 + i}")
+        name = f"worker{i}"
+        self._start(name, self.worker_ips[i], [f"--address={self.address}", f"--num-cpus={self.worker_cpus}",
+                                               f"--temp-dir={self.folder / f'ray{i}'}"])
+        self._wait_for(name, timeout)
+        return name
+
+    def alive(self) -> list[str]:
+        return [name for name, proc in self.nodes.items() if proc.poll() is None]
+
     def _wait_for(self, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         log = self.folder / f"{name}.log"

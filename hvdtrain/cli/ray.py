@@ -1,5 +1,6 @@
 """`hvdtrain ray [--address ADDR] [--np N] [--cpus-per-worker C] [--gpus-per-worker G] [--config FILE]
-[--key value ...]`: train on a Ray cluster, one Horovod worker per Ray actor.
+[--key value ...]`: train on a Ray cluster, one Horovod worker per Ray actor. With `--elastic true
+[--min-np M] [--max-np X]` the job goes on when nodes are lost and grows as nodes join.
 
 Run it where Ray can reach the cluster: on a node of it, from a driver machine with `--address`, or
 as a Ray job (`ray job submit --address http://HEAD:8265 -- hvdtrain ray --np 4 ...`), where RAY_ADDRESS
@@ -25,12 +26,14 @@ class RayOptions:
     strategy: str = option("SPREAD", "placement group strategy", choices=("PACK", "SPREAD", "STRICT_PACK",
                                                                           "STRICT_SPREAD"))
     start_timeout: int = option(120, "seconds for Ray to place every actor")
+    min_np: int = option(1, "with --elastic true: go on while at least this many workers remain")
+    max_np: int = option(0, "with --elastic true: grow up to this many workers as nodes join; 0 = --np")
 
     def __post_init__(self) -> None:
-        for key in ("np", "start_timeout"):
+        for key in ("np", "start_timeout", "min_np"):
             if getattr(self, key) < 1:
                 raise UserError(f"ray: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
-        for key in ("cpus_per_worker", "gpus_per_worker"):
+        for key in ("cpus_per_worker", "gpus_per_worker", "max_np"):
             if getattr(self, key) < 0:
                 raise UserError(f"ray: --{key.replace('_', '-')} must be >= 0, got {getattr(self, key)}")
         if self.cpus_per_worker + self.gpus_per_worker == 0:
@@ -56,4 +59,5 @@ def main(args: list[str]) -> int:
     return fit_and_report("ray", lambda: fit(
         config, num_workers=options.np, cpus_per_worker=options.cpus_per_worker,
         gpus_per_worker=options.gpus_per_worker, address=options.address or None,
-        strategy=options.strategy, start_timeout=options.start_timeout))
+        strategy=options.strategy, start_timeout=options.start_timeout, min_workers=options.min_np,
+        max_workers=options.max_np or None))

@@ -30,7 +30,8 @@ FAILURE_GRACE_S = 30
 def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers: int = 2,
         cpus_per_worker: int = 1, gpus_per_worker: int = 0, address: str | None = None,
         strategy: str = "SPREAD", start_timeout: int = 120, all_ranks: bool = False,
-        env: dict[str, str] | None = None, elastic: bool = False, **kwargs: Any) -> Any:
+        env: dict[str, str] | None = None, elastic: bool = False, min_workers: int = 1,
+        max_workers: int | None = None, **kwargs: Any) -> Any:
     """Train on `num_workers` Ray actors, one Horovod worker (Gloo) each; returns rank 0's result.
 
     Each actor holds `cpus_per_worker` CPUs and `gpus_per_worker` GPUs of one placement-group bundle;
@@ -52,7 +53,12 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
         env: extra variables for the workers. Credential-like ones (launcher.secrets), here or in this
             process's environment, travel inside the pickled job, never in Ray's runtime_env, job
             metadata or a command line.
-        elastic: not available on Ray yet (a LaunchError); `hvdtrain launch --min-np` runs elastic jobs.
+        elastic: train elastically (also when the config says elastic): Horovod's elastic driver in this
+            process, the cluster's live nodes as its hosts (ray/elastic.py). A lost node's workers are
+            dropped and the others go on from the last commit; nodes that join get workers again, up to
+            max_workers. The workers must reach this process (not through Ray Client); CPU workers only.
+        min_workers, max_workers: elastic: go on while at least min_workers remain (default 1); grow up to
+            max_workers (default num_workers).
     Raises:
         WorkerError: a worker raised, or its actor or node was lost; the message names rank and node.
         LaunchError: bad arguments, or Ray could not place the actors within start_timeout.
@@ -66,11 +72,16 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
     if strategy.upper() not in STRATEGIES:
         raise LaunchError(f"strategy {strategy!r} is not a placement group strategy; use one of "
                           f"{', '.join(STRATEGIES)}")
-    if elastic or (isinstance(config_or_fn, TrainConfig) and config_or_fn.elastic):
-        raise LaunchError("elastic training is not available on Ray yet; run it with `hvdtrain launch --min-np N` "
-                          "(horovodrun's elastic driver), or drop elastic for hvdtrain.ray.fit")
+    elastic = elastic or (isinstance(config_or_fn, TrainConfig) and config_or_fn.elastic)
+    max_workers = max_workers or num_workers
+    if elastic and not 1 <= min_workers <= num_workers <= max_workers:
+        raise LaunchError(f"elastic needs 1 <= min_workers <= num_workers <= max_workers, got {min_workers}, "
+                          f"{num_workers}, {max_workers}")
+    if elastic and gpus_per_worker:
+        raise LaunchError("elastic training on Ray runs CPU workers only so far (gpus_per_worker=0); "
+                          "`hvdtrain launch --min-np N` runs elastic GPU jobs")
     fn, args = target(config_or_fn, args, "hvdtrain.ray.fit")
-    args = tuple(_ray_config(a, cpus_per_worker) if isinstance(a, TrainConfig) else a for a in args)
+    args = tuple(_ray_config(a, cpus_per_worker, elastic) if isinstance(a, TrainConfig) else a for a in args)
     check_picklable(fn, args, kwargs)
     public, secrets = split_env({**os.environ, **(env or {})})
     worker_env = {k: v for k, v in public.items() if k in (env or {})}
@@ -82,17 +93,24 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
     started = not ray.is_initialized()
     if started:
         _connect(ray, address or os.environ.get("RAY_ADDRESS"))
+    resources = {"CPU": cpus_per_worker, "GPU": gpus_per_worker}
+    job = Guarded(fn, args, kwargs, secrets)
     try:
-        results = _run(ray, Guarded(fn, args, kwargs, secrets), num_workers, {"CPU": cpus_per_worker,
-                       "GPU": gpus_per_worker}, strategy.upper(), start_timeout, worker_env)
+        if elastic:
+            from hvdtrain.ray import elastic as elastic_run
+
+            results = elastic_run.run(ray, job, num_workers, min_workers, max_workers, resources, start_timeout,
+                                      worker_env)
+        else:
+            results = _run(ray, job, num_workers, resources, strategy.upper(), start_timeout, worker_env)
     finally:
         if started:
             ray.shutdown()
     return rank0_result(results, all_ranks)
 
 
-def _ray_config(config: TrainConfig, cpus: int) -> TrainConfig:
-    changes: dict[str, Any] = {}
+def _ray_config(config: TrainConfig, cpus: int, elastic: bool) -> TrainConfig:
+    changes: dict[str, Any] = {"elastic": elastic}
     if config.run_dir:   # actors run in Ray's own working directory
         changes["run_dir"] = os.path.abspath(config.run_dir)
     if not config.threads and cpus:   # an actor owns its bundle's CPUs, not the node's

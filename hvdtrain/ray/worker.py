@@ -13,6 +13,8 @@ from typing import Any
 
 from hvdtrain.environment.process import Process, launcher_env
 
+AUTO_IFACE = "auto"   # HOROVOD_GLOO_IFACE to be found in the actor: the interface holding its node's address
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -130,6 +132,10 @@ class Worker:
         """Become rank `rank` (Horovod's variables) and run the guarded job; its result or Failure returns."""
         from hvdtrain.environment.process import export_rank_env
 
+        if env.get("HOROVOD_GLOO_IFACE") == AUTO_IFACE:   # elastic: the driver does not know this node's interfaces
+            import ray
+
+            env = {**env, "HOROVOD_GLOO_IFACE": iface_of(ray.util.get_node_ip_address())}
         os.environ.update(env)
         export_rank_env()   # RANK/WORLD_SIZE for data libraries, as under horovodrun
         return job()

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -56,8 +57,9 @@ def _node_ids(cluster: RayCluster) -> dict[str, str]:
     (["--address", "127.0.0.10:1"], "cannot reach a Ray cluster at 127.0.0.10:1 (Connection refused); start one "
                                     "with `ray start --head` there, or give its GCS address (HOST:6379) or "
                                     "ray://HOST:10001"),
-    (["--elastic", "true"], "elastic training is not available on Ray yet; run it with `hvdtrain launch --min-np N` "
-                            "(horovodrun's elastic driver), or drop elastic for hvdtrain.ray.fit"),
+    (["--elastic", "true", "--min-np", "3"], "elastic needs 1 <= min_workers <= num_workers <= max_workers, got 3, "
+                                             "2, 2"),
+    (["--min-np", "0"], "ray: --min-np must be >= 1, got 0"),
 ])
 def test_ray_cli_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, message):
     proc = subprocess.run([sys.executable, "-m", "hvdtrain", "ray", *args], cwd=tmp_path, capture_output=True,
@@ -143,3 +145,57 @@ def test_a_worker_node_killed_mid_run_is_a_worker_error_naming_rank_and_node(clu
     last = err.strip().splitlines()[-1]
     print(f"{took:.1f} s after the node was killed: {last}")
     assert re.search(r"hvdtrain: error: rank [01] on node 127\.0\.0\.12 \([0-9a-f]{8}\)", last), out + err
+
+
+def test_elastic_a_lost_node_is_dropped_and_a_joining_node_is_taken_in_with_no_sample_lost(cluster, tmp_path):
+    """Last in this module (after the node kill above): two worker nodes again, one killed mid-run, one added."""
+    from test_elastic import effective_steps, epoch_coverage, probe_lines, wait_until
+
+    if len([n for n in cluster.alive() if n != "head"]) < 2:
+        cluster.add_worker()
+        cluster.wait_for_nodes(len(cluster.alive()), 120)
+    (tmp_path / "hold").touch()
+    config = hvdtrain.load_config(run_dir=str(tmp_path), name="elastic", threads=1, elastic=True, epochs=4,
+                                  dataset="elastic_probe:indexed_digits", model="elastic_probe:probe_mlp",
+                                  hidden=256, batch_size=16, commit_steps=5)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "plugins")]),
+           "ELASTIC_PROBE_LOG": str(tmp_path / "probe"), "ELASTIC_PROBE_HOLD": str(tmp_path / "hold")}
+    outcome: dict = {}
+
+    def train() -> None:
+        try:
+            outcome["history"] = hvdtrain.ray.fit(config, num_workers=2, min_workers=1, address=cluster.address,
+                                                  env=env)
+        except BaseException as err:  # noqa: B036 - the test thread reports it
+            outcome["error"] = err
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len({line["pid"] for line in probe_lines(tmp_path)}) == 2 or not thread.is_alive(), 240,
+                   "two workers training")
+        assert thread.is_alive(), outcome
+        victim = [n for n in cluster.alive() if n != "head"][-1]
+        killed = time.time()
+        cluster.kill(victim)
+        before = {line["pid"] for line in probe_lines(tmp_path) if line["t"] < killed}
+        wait_until(lambda: any(line["t"] > killed + 1 for line in probe_lines(tmp_path)), 120,
+                   "the survivor training on")
+        shrunk = min(line["t"] for line in probe_lines(tmp_path) if line["t"] > killed + 1)
+        joined_at = time.time()
+        cluster.add_worker()
+        wait_until(lambda: {line["pid"] for line in probe_lines(tmp_path)} - before, 180, "a worker on the new node")
+        grown = min(line["t"] for line in probe_lines(tmp_path) if line["pid"] not in before)
+    finally:
+        (tmp_path / "hold").unlink()
+        thread.join(timeout=300)
+    print(f"\nelastic on Ray: node killed; one worker training {shrunk - killed:.1f} s later; a node added "
+          f"{joined_at - killed:.1f} s after the kill had a worker training {grown - joined_at:.1f} s after it joined")
+    assert not thread.is_alive() and "error" not in outcome, outcome
+    summary = json.loads((tmp_path / "elastic" / "summary.json").read_text())
+    assert summary["workers"] == 2 and len(set(summary["param_digests"])) == 1, summary
+    assert outcome["history"].summary["workers"] == 2
+    coverage = epoch_coverage(tmp_path / "elastic", effective_steps(probe_lines(tmp_path)))
+    assert len(coverage) == 4
+    for epoch, missing, repeated in coverage:
+        assert not missing and not repeated, (epoch, missing[:10], repeated[:10])

@@ -5,12 +5,36 @@ import doctest
 
 import pytest
 
+import hvdtrain.ray.elastic
 import hvdtrain.ray.worker
+from hvdtrain.ray.elastic import node_slots, slot_env
 from hvdtrain.ray.worker import horovod_env, iface_of, plan, visible_devices
 
 
 def test_doctests():
     assert doctest.testmod(hvdtrain.ray.worker).failed == 0
+    assert doctest.testmod(hvdtrain.ray.elastic).failed == 0
+
+
+def test_elastic_slots_count_every_resource_a_worker_needs_and_skip_dead_or_full_nodes():
+    nodes = [{"NodeID": "a", "Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}},
+             {"NodeID": "b", "Alive": True, "Resources": {"CPU": 3.0}},
+             {"NodeID": "head", "Alive": True, "Resources": {"CPU": 0.0}},
+             {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 8.0}}]
+    assert node_slots(nodes, {"CPU": 2, "GPU": 0}) == {"a": 4, "b": 1}
+    assert node_slots(nodes, {"CPU": 2, "GPU": 1}) == {"a": 2}
+
+
+def test_an_elastic_worker_gets_what_horovodrun_elastic_gives_it():
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    slot = SlotInfo(hostname="node-a", rank=3, local_rank=1, cross_rank=1, size=4, local_size=2, cross_size=2)
+    env = slot_env(slot, ("10.0.0.9", 4242))
+    assert env == {"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
+                   "HOROVOD_HOSTNAME": "node-a", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2",
+                   "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.9", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4242",
+                   "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_ELASTIC": "1",
+                   "HOROVOD_GLOO_IFACE": "auto"}
 
 
 def test_ranks_are_contiguous_per_node_and_cross_ranks_join_equal_local_ranks():
