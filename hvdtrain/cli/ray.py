@@ -14,6 +14,7 @@ from hvdtrain.cli.args import Commands, Parser, command_parser
 from hvdtrain.cli.options import add_options, values
 from hvdtrain.config.fields import option
 from hvdtrain.errors import UserError
+from hvdtrain.ray.worker import STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,7 @@ class RayOptions:
     np: int = option(2, "Horovod workers (Ray actors)")
     cpus_per_worker: int = option(1, "CPUs each actor reserves")
     gpus_per_worker: int = option(0, "GPUs each actor reserves (each worker trains on its own)")
-    strategy: str = option("SPREAD", "placement group strategy", choices=("PACK", "SPREAD", "STRICT_PACK",
-                                                                          "STRICT_SPREAD"))
+    strategy: str = option("SPREAD", "placement group strategy", choices=STRATEGIES)
     start_timeout: int = option(120, "seconds for Ray to place every actor")
     min_np: int = option(1, "with --elastic true: go on while at least this many workers remain")
     max_np: int = option(0, "with --elastic true: grow up to this many workers as nodes join; 0 = --np")
@@ -38,9 +38,8 @@ class RayOptions:
                 raise UserError(f"ray: --{key.replace('_', '-')} must be >= 0, got {getattr(self, key)}")
         if self.cpus_per_worker + self.gpus_per_worker == 0:
             raise UserError("ray: each worker needs a CPU or a GPU; give --cpus-per-worker or --gpus-per-worker")
-        if self.strategy.upper() not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
-            raise UserError(f"ray: --strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, "
-                            f"got {self.strategy!r}")
+        if self.strategy.upper() not in STRATEGIES:
+            raise UserError(f"ray: --strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
 
 
 def parser(commands: Commands | None = None) -> Parser:

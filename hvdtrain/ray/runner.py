@@ -20,9 +20,8 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import LaunchError, UserError, WorkerError, first_line
 from hvdtrain.launcher.guard import Failure, Guarded, check_picklable, rank0_result, target, worker_pythonpath
 from hvdtrain.launcher.secrets import split_env
-from hvdtrain.ray.worker import Rendezvous, Slot, Worker, horovod_env, plan, visible_devices
+from hvdtrain.ray.worker import STRATEGIES, Rendezvous, Slot, Worker, horovod_env, plan, visible_devices
 
-STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 # After one rank failed, how long the others get to report (their own error, or that a peer went away).
 FAILURE_GRACE_S = 30
 

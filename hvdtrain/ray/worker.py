@@ -13,6 +13,8 @@ from typing import Any
 
 from hvdtrain.environment.process import Process, launcher_env
 
+# Ray's placement group strategies, for hvdtrain.ray.fit and `hvdtrain ray --strategy`.
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 AUTO_IFACE = "auto"   # HOROVOD_GLOO_IFACE to be found in the actor: the interface holding its node's address
 
 
