@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import netreport
-from benchmarks.run import BIN, ROOT, git_head, run_job
+from benchmarks.run import BIN, ROOT, git_head, once_more, run_job
 from tests.netns_cluster import IFACE, SSH_PORT, NamespaceCluster, rate_bits
 
 RDZV_PORT = 29400
@@ -135,14 +135,9 @@ def end_strays(cluster: NamespaceCluster) -> None:
 
 def launch(spec: dict[str, Any], np: int, cluster: NamespaceCluster, worker_args: list[str],
            env: dict[str, str], timeout: int) -> dict[str, Any]:
-    """launch_once, and once more after a failure (kept in the record, as benchmarks.run does)."""
-    record = launch_once(spec, np, cluster, worker_args, env, timeout)
-    if "error" not in record:
-        return record
-    print(f"[netbench] {spec['name']} np={np} failed ({record['error']}), retrying once; its output ends:\n"
-          f"{record['output_tail']}", file=sys.stderr, flush=True)
-    retry = launch_once(spec, np, cluster, worker_args, env, timeout)
-    return {**retry, "retried_after": record["output_tail"]}
+    """launch_once, and once more after a failure (kept in the record), as benchmarks.run does."""
+    return once_more(f"[netbench] {spec['name']} np={np}",
+                     lambda: launch_once(spec, np, cluster, worker_args, env, timeout))
 
 
 def set_up(cluster: NamespaceCluster, link: str) -> None:

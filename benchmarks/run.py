@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,18 +73,24 @@ def variants(np: int, backends: list[str], light: bool = False) -> list[dict[str
 
 def launch(spec: dict[str, Any], np: int, worker_args: list[str], env: dict[str, str],
            timeout: int, drop: list[str] | None = None) -> dict[str, Any]:
-    """launch_once, and once more if it failed: a multi-process start can fail for reasons outside
-    the variant (seen once in CI: torchrun's DDP exit 1 that no rerun reproduced). The failure is
+    """launch_once, and once more if it failed (once_more)."""
+    return once_more(f"[bench] {spec['variant']} np={np}",
+                     lambda: launch_once(spec, np, worker_args, env, timeout, drop))
+
+
+def once_more(label: str, attempt: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """attempt(), and once more if its record has an error: a multi-process start can fail for reasons
+    outside the variant (seen once in CI: torchrun's DDP exit 1 that no rerun reproduced). The failure is
     printed and kept in the record ("retried_after"), so a retry never hides what happened."""
-    record = launch_once(spec, np, worker_args, env, timeout, drop)
+    record = attempt()
     if "error" not in record:
         return record
-    print(f"[bench] {spec['variant']} np={np} failed ({record['error']}), retrying once; its output ends:\n"
-          f"{record['output_tail']}", file=sys.stderr, flush=True)
-    retry = launch_once(spec, np, worker_args, env, timeout, drop)
+    print(f"{label} failed ({record['error']}), retrying once; its output ends:\n{record['output_tail']}",
+          file=sys.stderr, flush=True)
+    retry = attempt()
     if "error" in retry:
-        print(f"[bench] {spec['variant']} np={np} failed again ({retry['error']}); its output ends:\n"
-              f"{retry['output_tail']}", file=sys.stderr, flush=True)
+        print(f"{label} failed again ({retry['error']}); its output ends:\n{retry['output_tail']}",
+              file=sys.stderr, flush=True)
     return {**retry, "retried_after": record["output_tail"]}
 
 
