@@ -54,14 +54,17 @@ class WorkerWatch(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        while not self.driver.finished():
-            try:
-                data, sender = self.sock.recvfrom(1024)
-            except OSError:
-                data, sender = b"", None
-            if data:
-                self.hear(data, sender)
-            self.judge(time.monotonic())
+        try:
+            while not self.driver.finished():
+                try:
+                    data, sender = self.sock.recvfrom(1024)
+                except OSError:
+                    data, sender = b"", None
+                if data:
+                    self.hear(data, sender)
+                self.judge(time.monotonic())
+        finally:
+            self.sock.close()
 
     def hear(self, data: bytes, sender: Any) -> None:
         try:
