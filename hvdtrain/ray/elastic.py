@@ -21,11 +21,10 @@ import threading
 import time
 from typing import Any
 
-from hvdtrain.environment.process import Process, launcher_env
 from hvdtrain.errors import LaunchError, WorkerError, first_line
 from hvdtrain.launcher.guard import Failure, Guarded
 from hvdtrain.launcher.worker_watch import WorkerWatch
-from hvdtrain.ray.worker import AUTO_IFACE, Worker
+from hvdtrain.ray.worker import AUTO_IFACE, Slot, Worker, horovod_env
 
 POLL_S = 1.0
 COOLDOWN_S = (10, 60)   # a failed node is tried again after 10-60 s (Horovod's blacklist cooldown)
@@ -67,13 +66,11 @@ def reachable_address(gcs_address: str) -> str:
 
 
 def slot_env(slot: Any, rendezvous: tuple[str, int]) -> dict[str, str]:
-    """What horovodrun's elastic mode gives a worker (gloo_run.create_slot_env_vars and create_run_env_vars)."""
-    place = Process(slot.rank, slot.size, slot.local_rank, slot.local_size, "gloo")
-    return {**launcher_env(place, "gloo"), "HOROVOD_HOSTNAME": slot.hostname,
-            "HOROVOD_CROSS_RANK": str(slot.cross_rank), "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous[0], "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous[1]),
-            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_ELASTIC": "1",
-            "HOROVOD_GLOO_IFACE": AUTO_IFACE}
+    """What horovodrun's elastic mode gives a worker (gloo_run.create_slot_env_vars and create_run_env_vars):
+    the non-elastic actors' variables for Horovod's SlotInfo, elastic, the interface found in the actor."""
+    place = Slot(-1, slot.hostname, slot.hostname, slot.rank, slot.size, slot.local_rank, slot.local_size,
+                 slot.cross_rank, slot.cross_size)
+    return {**horovod_env(place, rendezvous, AUTO_IFACE), "HOROVOD_ELASTIC": "1"}
 
 
 def run(ray: Any, job: Guarded, num_workers: int, min_workers: int, max_workers: int, resources: dict[str, int],

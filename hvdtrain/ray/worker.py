@@ -137,7 +137,8 @@ class Worker:
         if env.get("HOROVOD_GLOO_IFACE") == AUTO_IFACE:   # elastic: the driver does not know this node's interfaces
             import ray
 
-            env = {**env, "HOROVOD_GLOO_IFACE": iface_of(ray.util.get_node_ip_address())}
+            iface = iface_of(ray.util.get_node_ip_address())
+            env = {**env, "HOROVOD_GLOO_IFACE": iface, "NCCL_SOCKET_IFNAME": iface}
         os.environ.update(env)
         export_rank_env()   # RANK/WORLD_SIZE for data libraries, as under horovodrun
         return job()

@@ -34,7 +34,7 @@ def test_an_elastic_worker_gets_what_horovodrun_elastic_gives_it():
                    "HOROVOD_HOSTNAME": "node-a", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2",
                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.9", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4242",
                    "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_ELASTIC": "1",
-                   "HOROVOD_GLOO_IFACE": "auto"}
+                   "HOROVOD_GLOO_IFACE": "auto", "NCCL_SOCKET_IFNAME": "auto"}
 
 
 def test_ranks_are_contiguous_per_node_and_cross_ranks_join_equal_local_ranks():
