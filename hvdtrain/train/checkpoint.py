@@ -4,6 +4,8 @@ A checkpoint holds only tensors and plain Python values, so loading one cannot r
 """
 from __future__ import annotations
 
+import errno
+import io
 import os
 import random
 import re
@@ -26,6 +28,31 @@ _NAME = re.compile(r"^ckpt-(\d{9})(?:-b(\d+))?\.pt$")
 UNREADABLE = ".unreadable"
 # Fault injection for tests: seconds to sleep between writing the temp file and renaming it.
 WRITE_DELAY_ENV = "HVDTRAIN_CHECKPOINT_WRITE_DELAY_S"
+# Storage that may fail a read and then serve it (NFS, FUSE mounts, a busy host): these are tried again.
+TRANSIENT = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.EBUSY,
+                       errno.ENOLCK, errno.ECONNRESET, errno.ENOMEM})
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)   # between tries of a read that failed transiently (7.5 s in all)
+
+
+class CheckpointReadError(UserError):
+    """The storage failed to read a checkpoint (after retries): the file may be whole, so it is left alone."""
+
+
+class CheckpointVersionError(UserError):
+    """A whole checkpoint that this hvdtrain does not read (another format version, or no hvdtrain marker)."""
+
+
+class _WatchedFile(io.FileIO):
+    """A file that keeps the storage's OSError, however torch.load wraps it (its C++ reader may not re-raise it)."""
+
+    error: OSError | None = None
+
+    def readinto(self, buffer: Any) -> int | None:
+        try:
+            return super().readinto(buffer)
+        except OSError as err:
+            self.error = err
+            raise
 
 
 def checkpoint_dir(run_path: str | Path) -> Path:
@@ -125,24 +152,71 @@ def branch_after(directory: Path, branch: int, step: int) -> int:
     return max(b for b, _ in found) + 1
 
 
-def _torch_load(path: Path, what: str) -> Any:
-    """The one reader of files hvdtrain wrote: weights_only (loading cannot run code), one-line errors."""
-    if not path.is_file():
-        raise UserError(f"{what} {path} does not exist")
+def _read(path: Path) -> Any:
+    """torch.load of one file, weights_only (loading cannot run code); a storage error comes out as OSError."""
+    raw = _WatchedFile(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise UserError(f"{path} is not a readable hvdtrain {what} ({first_line(err, 160)})") from None
+        with io.BufferedReader(raw) as handle:
+            return torch.load(handle, map_location="cpu", weights_only=True)
+    except Exception:
+        if raw.error is not None:
+            raise raw.error from None
+        raise
+
+
+def _torch_load(path: Path, what: str) -> Any:
+    """The one reader of files hvdtrain wrote, with one-line errors.
+
+    Raises:
+        UserError: the file is missing, or its bytes are not a torch file (truncated, corrupt, not ours).
+        CheckpointReadError: the storage failed to read it, also after RETRY_DELAYS_S (EIO, ESTALE...,
+            MemoryError), or refused it (EACCES...): the file may be whole, and is not a corrupt one.
+    """
+    for attempt in range(len(RETRY_DELAYS_S) + 1):
+        if not path.is_file():
+            raise UserError(f"{what} {path} does not exist")
+        try:
+            return _read(path)
+        except FileNotFoundError:
+            raise UserError(f"{what} {path} does not exist") from None
+        except (OSError, MemoryError) as err:
+            transient = isinstance(err, MemoryError) or err.errno in TRANSIENT
+            if transient and attempt < len(RETRY_DELAYS_S):
+                time.sleep(RETRY_DELAYS_S[attempt])
+                continue
+            why = f"{type(err).__name__}: {first_line(err, 120)}" if str(err) else type(err).__name__
+            tries = f" in {attempt + 1} tries" if attempt else ""
+            raise CheckpointReadError(f"cannot read {what} {path}{tries} ({why}); the file is left as it is: "
+                                      "check the storage (or free memory) and run again") from None
+        except Exception as err:
+            raise UserError(f"{path} is not a readable hvdtrain {what} ({first_line(err, 160)})") from None
+    raise AssertionError("unreachable")
+
+
+def _check_format(path: Path, payload: Any) -> None:
+    """A whole file that is no checkpoint of this version: one line naming both versions and the way out."""
+    found = payload.get("format") if isinstance(payload, dict) else None
+    if found == FORMAT:
+        return
+    if isinstance(found, str) and found.startswith("hvdtrain-checkpoint-") and len(found) <= 40:
+        raise CheckpointVersionError(
+            f"{path} is checkpoint format {found}, this hvdtrain reads {FORMAT}: resume it with the hvdtrain "
+            "version that wrote it, or start a new run (another --name, no --resume); the file is left as it is")
+    found = found[:80] if isinstance(found, str) else None  # a tensor or a line break would not fit one line
+    why = f"format {found!r}, this hvdtrain reads {FORMAT}" if found else f"no '{FORMAT}' marker"
+    raise CheckpointVersionError(f"{path} is not an hvdtrain checkpoint ({why})")
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Read one checkpoint; UserError if it is missing, not a checkpoint, or unreadable."""
+    """Read one checkpoint.
+
+    Raises:
+        UserError: missing, or not a torch file (truncated or corrupt).
+        CheckpointVersionError: a whole file, of another checkpoint format version or not a checkpoint.
+        CheckpointReadError: the storage failed to read it (see _torch_load).
+    """
     payload = _torch_load(path, "checkpoint")
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        found = payload.get("format") if isinstance(payload, dict) else None
-        found = found[:80] if isinstance(found, str) else None  # a tensor or a line break would not fit one line
-        why = f"format {found!r}, this hvdtrain reads {FORMAT}" if found else f"no '{FORMAT}' marker"
-        raise UserError(f"{path} is not an hvdtrain checkpoint ({why})")
+    _check_format(path, payload)
     return payload
 
 
@@ -163,10 +237,7 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | 
             raise UserError(f"{path} is not a readable safetensors file ({first_line(err, 160)})") from None
     payload = _torch_load(path, "checkpoint")  # once: a checkpoint can be as large as the model and optimizer
     if isinstance(payload, dict) and "format" in payload:
-        if payload["format"] != FORMAT:  # the same words as load()
-            found = payload["format"][:80] if isinstance(payload["format"], str) else None
-            why = f"format {found!r}, this hvdtrain reads {FORMAT}" if found else f"no '{FORMAT}' marker"
-            raise UserError(f"{path} is not an hvdtrain checkpoint ({why})")
+        _check_format(path, payload)  # the same words as load()
         if not isinstance(payload.get("model"), dict) or not isinstance(payload.get("config"), dict):
             raise UserError(f"{path} is an hvdtrain checkpoint without a model and its config (a damaged file?)")
         return payload["model"], payload["config"]
@@ -186,15 +257,26 @@ def rng_preserved() -> Iterator[None]:
 
 
 def find_latest(directory: Path) -> tuple[dict[str, Any] | None, Path | None, list[str]]:
-    """The newest checkpoint that loads; newer ones that do not are renamed *.unreadable, so they keep
-    no --keep-checkpoints slot and stay for a look. Notes: one line on what was moved aside."""
+    """The newest checkpoint that loads; newer ones whose bytes are damaged (truncated, corrupt) are renamed
+    *.unreadable, so they keep no --keep-checkpoints slot and stay for a look. Notes: one line on what was
+    moved aside.
+
+    Raises:
+        CheckpointVersionError: the newest whole file is of another format version (it is left alone: restarting
+            from an older checkpoint, or from step 0, would silently throw its training away).
+        CheckpointReadError: the storage failed to read one, also when tried again: never "no checkpoint".
+    """
     moved: list[str] = []
     found: tuple[dict[str, Any] | None, Path | None] = (None, None)
     for path in candidates(directory):
         try:
             found = load(path), path
             break
+        except (CheckpointVersionError, CheckpointReadError):
+            raise
         except UserError as err:
+            if not path.exists():       # gone since it was listed (another writer's cleanup): the next one
+                continue
             path.rename(path.with_name(path.name + UNREADABLE))
             moved.append(str(err))
     notes = [f"skipping {moved[0]}; moved aside as *{UNREADABLE}"

@@ -60,12 +60,16 @@ def _differ(a: Any, b: Any) -> bool:
 
 
 def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Module,
-                  optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load weights into this rank's model and optimizer; return what the other ranks need."""
+                  optimizer: torch.optim.Optimizer, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load weights into this rank's model and optimizer; return what the other ranks need.
+    `data`: this run's data fingerprint (data/fingerprint.py), compared with the checkpoint's."""
     notes: list[str] = []
     if config.resume == "auto":
         directory = checkpoint.checkpoint_dir(run_path or "")
-        payload, path, notes = checkpoint.find_latest(directory)
+        try:    # a checkpoint of another version, or storage that fails: an error on every rank, not a fresh start
+            payload, path, notes = checkpoint.find_latest(directory)
+        except UserError as err:
+            return {"error": f"--resume auto: {err}"}
         if payload is None:
             return {"payload": None, "note": "; ".join(notes + [f"no checkpoint in {directory}: starting fresh"])}
     else:

@@ -1,6 +1,7 @@
 """Tier 1/2: checkpoint files, the resumable sampler, and resume on one in-process worker."""
 from __future__ import annotations
 
+import errno
 import random
 
 import numpy as np
@@ -56,9 +57,89 @@ def test_a_truncated_newest_checkpoint_is_skipped_with_a_note(tmp_path):
         checkpoint.save(tmp_path, step, {"progress": {"step": step}}, keep=5)
     newest = tmp_path / "ckpt-000000002.pt"
     newest.write_bytes(newest.read_bytes()[:40])
+    damaged = newest.read_bytes()
     payload, path, notes = checkpoint.find_latest(tmp_path)
     assert path == tmp_path / "ckpt-000000001.pt" and payload["progress"]["step"] == 1
     assert len(notes) == 1 and "ckpt-000000002.pt is not a readable hvdtrain checkpoint" in notes[0]
+    assert (tmp_path / "ckpt-000000002.pt.unreadable").read_bytes() == damaged and not newest.exists()
+
+
+def test_a_whole_checkpoint_of_another_format_version_is_refused_in_one_line_and_left_alone(tmp_path):
+    """Issue 36: it was renamed *.unreadable and --resume auto went back to an older one (or to step 0)."""
+    checkpoint.save(tmp_path, 1, {"progress": {"step": 1}}, keep=5)
+    other = tmp_path / "ckpt-000000002.pt"
+    torch.save({"format": "hvdtrain-checkpoint-1", "progress": {"step": 2}}, other)
+    before = other.read_bytes()
+    with pytest.raises(checkpoint.CheckpointVersionError) as raised:
+        checkpoint.find_latest(tmp_path)
+    text = str(raised.value)
+    assert "\n" not in text and "hvdtrain-checkpoint-1" in text and checkpoint.FORMAT in text, text
+    assert "the hvdtrain version that wrote it" in text and "--name" in text, text
+    assert other.read_bytes() == before and not list(tmp_path.glob("*" + checkpoint.UNREADABLE))
+    with pytest.raises(checkpoint.CheckpointVersionError):
+        checkpoint.load(other)
+
+
+def _flaky_reader(monkeypatch, failures: int, error: BaseException):
+    """checkpoint._read raising `error` on its first `failures` calls, then reading for real; returns the calls."""
+    real, calls = checkpoint._read, []
+
+    def read(path):
+        calls.append(path.name)
+        if len(calls) <= failures:
+            raise error
+        return real(path)
+
+    monkeypatch.setattr(checkpoint, "_read", read)
+    monkeypatch.setattr(checkpoint, "RETRY_DELAYS_S", (0.0, 0.01, 0.02))
+    return calls
+
+
+@pytest.mark.parametrize("error", [OSError(errno.EIO, "Input/output error"), OSError(errno.ESTALE, "Stale file handle"),
+                                   MemoryError()])
+def test_a_transient_read_error_is_tried_again(tmp_path, monkeypatch, error):
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, {"progress": {"step": step}}, keep=5)
+    calls = _flaky_reader(monkeypatch, 2, error)
+    payload, path, notes = checkpoint.find_latest(tmp_path)
+    assert path.name == "ckpt-000000002.pt" and payload["progress"]["step"] == 2 and notes == []
+    assert calls == ["ckpt-000000002.pt"] * 3
+
+
+@pytest.mark.parametrize("error", [OSError(errno.EIO, "Input/output error"), MemoryError(),
+                                   OSError(errno.EACCES, "Permission denied")])
+def test_a_read_error_that_stays_is_reported_never_no_checkpoint(tmp_path, monkeypatch, error):
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, {"progress": {"step": step}}, keep=5)
+    newest = tmp_path / "ckpt-000000002.pt"
+    before = newest.read_bytes()
+    calls = _flaky_reader(monkeypatch, 99, error)
+    with pytest.raises(checkpoint.CheckpointReadError) as raised:
+        checkpoint.find_latest(tmp_path)
+    text = str(raised.value)
+    assert "\n" not in text and "cannot read checkpoint" in text and "ckpt-000000002.pt" in text, text
+    assert type(error).__name__ in text and "left as it is" in text, text
+    # EIO and MemoryError: 1 + 3 retries; EACCES is no passing fault: reported at once.
+    assert len(calls) == (1 if isinstance(error, OSError) and error.errno == errno.EACCES else 4)
+    assert newest.read_bytes() == before and not list(tmp_path.glob("*" + checkpoint.UNREADABLE))
+
+
+def test_a_storage_error_inside_torch_load_is_a_read_error_not_a_corrupt_file(tmp_path, monkeypatch):
+    """torch.load reads through its C++ zip reader: an EIO from the file must still come out as EIO."""
+    checkpoint.save(tmp_path, 1, {"model": {"w": torch.zeros(100_000)}}, keep=5)
+
+    class FailingDisk(checkpoint._WatchedFile):
+        def readinto(self, buffer):
+            if self.tell() > 4096:      # the storage fails partway into the file
+                self.error = OSError(errno.EIO, "Input/output error")
+                raise self.error
+            return super().readinto(buffer)
+
+    monkeypatch.setattr(checkpoint, "_WatchedFile", FailingDisk)
+    monkeypatch.setattr(checkpoint, "RETRY_DELAYS_S", (0.0,))
+    with pytest.raises(checkpoint.CheckpointReadError, match="in 2 tries .OSError: .Errno 5. Input/output error"):
+        checkpoint.find_latest(tmp_path)
+    assert (tmp_path / "ckpt-000000001.pt").exists()
 
 
 def test_a_checkpoint_cannot_run_code(tmp_path):

@@ -56,3 +56,21 @@ def test_resuming_with_another_seed_is_refused(tmp_path, one_worker):
     with pytest.raises(UserError, match=r"seed .*--seed 42"):
         newest = checkpoint.candidates(tmp_path / "run" / "checkpoints")[0]
         fit(load_config(**base, max_steps=12, seed=7, resume=str(newest)))
+
+
+def test_resume_auto_refuses_a_newest_checkpoint_of_another_format_version(tmp_path, one_worker):
+    """Issue 36: it was moved aside as *.unreadable and the run quietly went on from an older checkpoint."""
+    import torch
+
+    base = dict(SMALL, run_dir=str(tmp_path), name="run", checkpoint_steps=6, keep_checkpoints=3)
+    fit(load_config(**base, max_steps=12))
+    folder = tmp_path / "run" / "checkpoints"
+    other = folder / "ckpt-000000018.pt"
+    torch.save({**checkpoint.load(folder / "ckpt-000000012.pt"), "format": "hvdtrain-checkpoint-3"}, other)
+    before = other.read_bytes()
+    with pytest.raises(UserError) as raised:
+        fit(load_config(**base, max_steps=24, resume="auto"))
+    text = str(raised.value)
+    assert "\n" not in text and "hvdtrain-checkpoint-3" in text and checkpoint.FORMAT in text, text
+    assert other.read_bytes() == before
+    assert [p.name for p in checkpoint.candidates(folder)] == [other.name, "ckpt-000000012.pt", "ckpt-000000006.pt"]
