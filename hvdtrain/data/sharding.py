@@ -56,13 +56,20 @@ class ShardSampler(Sampler[int]):
         return torch.randperm(self.num_samples_total, generator=gen).tolist()[:self.epoch_samples()]
 
     def shard(self) -> list[int]:
-        remaining = self.order()[self.start:]
-        if not remaining:
+        """This rank's samples from `start` to the epoch's end, strided over the epoch's order read on past
+        its end (wrapping to its first samples) up to a multiple of the workers, as DistributedSampler pads.
+
+        The padding wraps from the start of the epoch's order, never from `start`: it is then a function
+        of the epoch alone, so a run resumed mid-epoch trains the same last step as one never stopped
+        (wrapping from the resume point once made the two differ whenever the workers did not divide the
+        epoch). After an elastic resize the new workers pad from the same place.
+        """
+        order = self.order()
+        total = len(order)
+        if self.start >= total:
             return []
-        padded_len = -(-len(remaining) // self.size) * self.size
-        # Pad by wrapping around, as DistributedSampler does, so every rank runs the same number of steps.
-        remaining += (remaining * (padded_len // len(remaining) + 1))[:padded_len - len(remaining)]
-        return remaining[self.rank::self.size]
+        stop = self.start + -(-(total - self.start) // self.size) * self.size
+        return [order[i % total] for i in range(self.start + self.rank, stop, self.size)]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.shard())
