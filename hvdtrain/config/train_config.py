@@ -25,6 +25,7 @@ PROGRESS_BARS = ("auto", "on", "off")
 LOSSES = ("auto", "cross_entropy", "mse")
 DECAYS = ("none", "cosine", "step")
 TRACKERS = ("auto", "none", "mlflow", "wandb")
+CHANGED_DATA = ("refuse", "accept")
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class TrainConfig:
     checkpoint_steps: int = option(0, "also write one every N optimizer steps (mid-epoch); 0 = off")
     keep_checkpoints: int = option(3, "newest checkpoints kept in <run>/checkpoints")
     resume: str = option("", "'auto' (newest valid checkpoint of run --name, if any) or a path")
+    resume_changed_data: str = option("refuse", "--resume over data whose files or content changed since the "
+                                                "checkpoint: refuse, or accept (the shuffle and held-out split differ)")
     checkpoint_on_stop: bool = option(True, "on SIGINT/SIGTERM, write a checkpoint before exiting")
     nonfinite_limit: int = option(5, "skip steps whose loss is not finite on some rank; abort after N in a row")
     elastic: bool = option(False, "elastic training under horovodrun --min-np/--max-np (Gloo)")
@@ -140,6 +143,7 @@ class TrainConfig:
         _check_choice("progress_bar", self.progress_bar, PROGRESS_BARS)
         _check_choice("loss", self.loss, LOSSES)
         _check_choice("tracking", self.tracking, TRACKERS)
+        _check_choice("resume_changed_data", self.resume_changed_data, CHANGED_DATA)
         if self.monitor and not self.monitor.startswith("val_"):
             raise ConfigError(f"monitor must name a held-out metric such as val_acc or val_loss, got {self.monitor!r}")
         if self.precision == "fp16" and self.device == "cpu":

@@ -1,19 +1,23 @@
 """--resume: rank 0 reads the checkpoint (read_on_root); every rank applies its share (apply_resume)."""
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.data import fingerprint
 from hvdtrain.distributed import runtime
 from hvdtrain.errors import UserError, first_line
 from hvdtrain.train import checkpoint
 
-# What the data and its split are, and what `best` measures: changed, the resumed run would train on other
-# samples (the held-out set among them) or compare the saved best with another metric.
-DATA_KEYS = ("dataset", "seed", "val_fraction", "synthetic_samples", "synthetic_shape", "num_classes", "monitor")
+# What the data and its split are (every TrainConfig field that builds the data), and what `best` measures:
+# changed, the resumed run would train on other samples or targets (the held-out set among them) or compare the
+# saved best with another metric. The data's own content is checked by its fingerprint (data/fingerprint.py).
+DATA_KEYS = ("dataset", "features", "label", "image_size", "seed", "val_fraction", "synthetic_samples",
+             "synthetic_shape", "num_classes", "monitor")
 # Mid-epoch, the saved position counts whole batches of this layout (a stream's, or a DataLoader's drop_last).
 MID_EPOCH_KEYS = ("batch_size", "accumulate")
 # The LR is not restored: each step sets it from this run's own optimizer (Trainer.base_lrs) and schedule.
@@ -26,8 +30,10 @@ def config_conflict(saved: dict[str, Any], now: dict[str, Any], *, mid_epoch: bo
     for key in DATA_KEYS + (MID_EPOCH_KEYS if mid_epoch else ()):
         if key in saved and key in now and _differ(saved[key], now[key]):
             old = ",".join(map(str, saved[key])) if isinstance(saved[key], list | tuple) else saved[key]
+            old = shlex.quote(old) if isinstance(old, str) else old    # '' for the default --features
+            what = "targets" if key == "label" else "inputs" if key in ("features", "image_size") else "samples"
             why = ("would compare the saved best with another metric" if key == "monitor" else
-                   f"{' in the middle of an epoch' if key in MID_EPOCH_KEYS else ''} would train on other samples")
+                   f"{' in the middle of an epoch' if key in MID_EPOCH_KEYS else ''} would train on other {what}")
             return (f"the checkpoint was written with {key} {saved[key]!r}, this run has {now[key]!r}: resuming "
                     f"{why}; pass --{key.replace('_', '-')} {old}, or start a new run "
                     "(another --name, no --resume)")
@@ -82,6 +88,14 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
                                mid_epoch=bool(payload.get("progress", {}).get("position")))
     if conflict:
         return {"error": f"--resume {path}: {conflict}"}
+    data_change = fingerprint.changed(payload.get("data"), data)
+    if data_change and config.resume_changed_data != "accept":
+        return {"error": f"--resume {path}: the data changed since the checkpoint ({data_change}): resuming would "
+                         "draw another shuffle and held-out split; pass --resume-changed-data accept to resume "
+                         "anyway, or start a new run (another --name, no --resume)"}
+    if data_change:
+        notes.append(f"the data changed since the checkpoint ({data_change}); resumed over it "
+                     "(--resume-changed-data accept)")
     wanted = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         model.load_state_dict(payload["model"])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -12,6 +13,7 @@ from torch import nn
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.datasets import build_data, input_shape
+from hvdtrain.data.fingerprint import fingerprint
 from hvdtrain.data.loader import build_loader
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
 from hvdtrain.data.streaming import check_resume, is_stream
@@ -147,7 +149,8 @@ class Trainer:
             # Horovod elastic: no collective call here (a joining worker makes none before the first sync).
             start: dict[str, Any] = {"plan": plan, "resume": None}
             if plan is not None and config.resume and not plan["error"]:  # rank 0: weights now, progress later
-                start["resume"] = read_on_root(config, plan["path"], self.model, self.optimizer)
+                start["resume"] = read_on_root(config, plan["path"], self.model, self.optimizer,
+                                               self.data_fingerprint)
             self.elastic = ElasticRun(self, self.model, self.optimizer, start)
         else:
             if plan is not None:  # rank 0's tracker decides whether the other hosts sample for it
@@ -158,7 +161,8 @@ class Trainer:
                 self.host_sampler = system.start()            # None unless this is its host's local rank 0
             found = None
             if config.resume and not plan["error"]:
-                found = read_on_root(config, plan["path"], self.model, self.optimizer) if world.is_root else None
+                found = (read_on_root(config, plan["path"], self.model, self.optimizer, self.data_fingerprint)
+                         if world.is_root else None)
                 found = collectives.broadcast_object(found, name="resume")
             self.start_run(plan, found, self.progress)
             collectives.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
@@ -429,8 +433,15 @@ class Trainer:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "progress": p.values(stats=False), "world_size": len(per_rank),
             "rng": [r for r, _ in per_rank], "stats": [s for _, s in per_rank], "config": self.config.to_dict(),
+            "data": self.data_fingerprint,
             **({"scaler": self.scaler.state_dict()} if self.scaler else {})}, self.config.keep_checkpoints)
         return str(path) if path else None
+
+    @functools.cached_property
+    def data_fingerprint(self) -> dict[str, Any]:
+        """The data this run trains on, for its checkpoints and a resume's check; once, where one is read or written
+        (a stat of every image file: not on every rank)."""
+        return fingerprint(self.train_data, self.val_data)
 
     def _check_work_left(self, p: Progress, end_epoch: int) -> None:
         config = self.config
