@@ -6,6 +6,8 @@ directory, which horovodrun makes every worker's working directory, so it must b
 path on every host, as a relative --run-dir must); the file is removed when horovodrun exits.
 An elastic job (--min-np or --host-discovery-script) ends with a one-line error naming the lost
 hosts when it has had fewer than --min-np slots for --start-timeout seconds (launcher/elastic_driver.py).
+Its workers' heartbeats to that driver are sealed with a fresh per-job key, which travels in the same 0600
+file (HVDTRAIN_CONTROL_KEY; distributed/control_wire.py).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ def parser(commands: Commands | None = None) -> Parser:
 
 
 def main(args: list[str]) -> int:
+    from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV, new_key
     from hvdtrain.distributed.settings import mpirun_defaults
     from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
     from hvdtrain.output.console import console
@@ -54,14 +57,19 @@ def main(args: list[str]) -> int:
             raise UserError("launch: --secrets-dir needs a folder, then horovodrun's arguments "
                             "(see `hvdtrain launch --help`)")
         secrets_dir, args = Path(args[1]).resolve(), args[2:]
-    env, secrets_file, names = worker_env(os.environ, secrets_dir)
+    elastic = is_elastic(args)
+    # The elastic driver and its workers authenticate their heartbeats with this key: a credential, so it goes
+    # in the secrets file. (A non-elastic job's peer watch agrees its key over Horovod itself.)
+    job_env = {**os.environ, CONTROL_KEY_ENV: new_key()} if elastic else os.environ
+    env, secrets_file, names = worker_env(job_env, secrets_dir)
     env.update(mpirun_defaults(env))   # under --mpi: mpirun gives up on a host cut off, instead of waiting for ever
+    names = [name for name in names if name != CONTROL_KEY_ENV]
     if names:
         console.line(f"hvdtrain: {', '.join(names)} go to the workers in {secrets_file} (mode 0600), "
                      "not on their command lines")
     try:
         # An elastic job runs horovodrun in a child Python that also bounds the time below --min-np.
-        command = [sys.executable, "-m", "hvdtrain.launcher.elastic_driver"] if is_elastic(args) else [horovodrun()]
+        command = [sys.executable, "-m", "hvdtrain.launcher.elastic_driver"] if elastic else [horovodrun()]
         proc = subprocess.Popen([*command, *args], env=env)
         # horovodrun passes SIGTERM on to its workers; Ctrl-C reaches it directly (same process group).
         # A hangup stops the job the same way: left to its default, SIGHUP would end this process before

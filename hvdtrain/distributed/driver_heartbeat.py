@@ -4,95 +4,141 @@ Why: Horovod 0.28.1's elastic driver re-forms the world only when a worker proce
 changes. A worker that freezes (SIGSTOP, a swap storm, a debugger) or whose host drops off the network exits
 nothing the driver can see, so the survivors wait in their re-rendezvous for as long as it lasts (measured: a
 90 s SIGSTOP of one of three workers stopped all three for 90 s). `hvdtrain launch`'s elastic driver
-(launcher/worker_watch.py) listens to these heartbeats and drops a worker silent for its --peer-timeout-s as
+(launcher/worker_watch.py) listens to these heartbeats and drops a worker silent for its own --peer-timeout-s as
 if it had failed; Horovod then blacklists its host and goes on with the others. A dropped worker that comes
 back (SIGCONT, the link healed) is told so in the answer to its next heartbeat and exits, so it cannot claim
 its old slot beside the worker the driver starts there later.
+
+Authenticated (control_wire.py): every beat and the driver's answer are sealed with the job's key, which
+reaches the worker in the 0600 secrets file or the pickled job, never on a command line; without a key the
+worker does not beat. The socket is connect()ed to the driver, so the kernel delivers only the driver's
+datagrams, and only an authenticated answer naming this very worker (host, slot, pid) ends it. A beat says
+who beats, nothing else: how long a silence the driver tolerates is the driver's setting, not the packet's.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+from hvdtrain.distributed import control_wire
+from hvdtrain.distributed.control_wire import FROM_DRIVER, HEARTBEAT_S, MAX_DATAGRAM, TO_DRIVER
 from hvdtrain.environment import process
 
-WATCH_ENV = "HVDTRAIN_WORKER_WATCH"   # "PORT:TOKEN" of the driver's watch, set by hvdtrain's elastic driver
+WATCH_ENV = "HVDTRAIN_WORKER_WATCH"   # the PORT of the driver's watch, set by hvdtrain's elastic driver
 # The driver's address as its workers reach it: Horovod's elastic driver gives them its rendezvous server's.
 DRIVER_ADDRESS_ENV = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
-HEARTBEAT_S = 1.0
-DROPPED = b"dropped"
+DRIVER_SENDER = "driver"
+BEAT, BYE, DROPPED = "beat", "bye", "dropped"
 DROPPED_EXIT = 1
 
 
-def heartbeat(host: str, slot: int, pid: int, timeout_s: float, token: str, bye: bool = False) -> bytes:
-    """One datagram: who beats (Horovod's host name and slot, the pid) and after how long a silence to drop it."""
-    return json.dumps({"token": token, "host": host, "slot": slot, "pid": pid, "timeout_s": timeout_s,
-                       "bye": bye}).encode()
-
-
-def driver_watch(env: Mapping[str, str]) -> tuple[tuple[str, int], str] | None:
-    """((address, port), token) of the driver's watch, or None when no hvdtrain elastic driver runs this job.
+def worker_id(host: str, slot: int, pid: int) -> str:
+    """A worker's sender id on the wire: Horovod's host name and slot, and the pid (a restarted worker is new).
 
     Example:
-        >>> driver_watch({"HVDTRAIN_WORKER_WATCH": "5000:ab12", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1"})
-        (('10.0.0.1', 5000), 'ab12')
+        >>> worker_id("node2", 1, 4242), parse_worker_id("node2/1/4242")
+        ('node2/1/4242', ('node2', 1, 4242))
     """
-    port, _, token = env.get(WATCH_ENV, "").partition(":")
+    return f"{host}/{slot}/{pid}"
+
+
+def dropped_notice(worker: str) -> str:
+    """The driver's answer to a dropped worker: it names the worker, so it cannot be replayed to another."""
+    return f"{DROPPED} {worker}"
+
+
+def parse_worker_id(sender: str) -> tuple[str, int, int] | None:
+    host, _, rest = sender.rpartition("/")
+    host, _, slot = host.rpartition("/")
+    return (host, int(slot), int(rest)) if host and slot.isdigit() and rest.isdigit() else None
+
+
+def driver_watch(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """(address, port) of the driver's watch, or None when no hvdtrain elastic driver runs this job.
+
+    Example:
+        >>> driver_watch({"HVDTRAIN_WORKER_WATCH": "5000", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1"})
+        ('10.0.0.1', 5000)
+    """
+    port = env.get(WATCH_ENV, "")
     address = env.get(DRIVER_ADDRESS_ENV, "")
-    return ((address, int(port)), token) if address and port.isdigit() and token else None
+    return (address, int(port)) if address and port.isdigit() and 0 < int(port) < 65536 else None
 
 
 class Heartbeat:
-    def __init__(self, target: tuple[str, int], token: str, host: str, slot: int, timeout_s: float) -> None:
-        self.target, self.token, self.host, self.slot, self.timeout_s = target, token, host, slot, timeout_s
+    def __init__(self, target: tuple[str, int], key: bytes, host: str, slot: int, timeout_s: float) -> None:
+        self.target, self.host, self.slot, self.timeout_s = target, host, slot, timeout_s
+        self.id = worker_id(host, slot, os.getpid())
+        self.sender = control_wire.Sender(key, TO_DRIVER, self.id)
+        self.inbox = control_wire.Inbox(key, FROM_DRIVER, {DRIVER_SENDER}, "driver heartbeat socket")
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.settimeout(HEARTBEAT_S)
+        self.connected = False
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="hvdtrain-driver-heartbeat", daemon=True)
 
-    def _send(self, bye: bool = False) -> None:
+    def _send(self, body: str) -> None:
         try:
-            self.sock.sendto(heartbeat(self.host, self.slot, os.getpid(), self.timeout_s, self.token, bye),
-                             self.target)
-        except OSError:
+            if not self.connected:   # only the driver's address:port may answer (the kernel drops the rest)
+                self.sock.connect(self.target)
+                self.connected = True
+            self.sock.send(self.sender.seal(body))
+        except (OSError, ValueError):   # ValueError: a host name too long for the wire (255 bytes)
             pass   # no route while the link is down: the driver judges the silence
 
     def _loop(self) -> None:
+        next_beat = time.monotonic()
         while not self.done.is_set():
-            self._send()
+            if time.monotonic() >= next_beat:
+                self._send(BEAT)
+                next_beat = time.monotonic() + HEARTBEAT_S
+            # Beats keep their pace whatever arrives: a flood of datagrams cannot stall them.
+            self.sock.settimeout(max(next_beat - time.monotonic(), 0.01))
             try:
-                answer = self.sock.recv(64)   # waits up to HEARTBEAT_S: the pace of the beats
-            except OSError:
+                answer = self.inbox.open(self.sock.recv(MAX_DATAGRAM + 1)) if self.connected else None
+            except OSError:   # the timeout; or the driver's port refused while it is not up
+                if not self.connected:
+                    time.sleep(max(next_beat - time.monotonic(), 0))
                 continue
-            if answer == DROPPED and not self.done.is_set():
-                print(f"hvdtrain: note: the elastic job dropped this worker (host {self.host}, slot {self.slot}) "
-                      f"after {self.timeout_s:g} s without a heartbeat (frozen, or its host cut off) and went on "
-                      "without it; it exits", file=sys.stderr, flush=True)
-                # From this thread: the training thread may be blocked in a collective or a re-rendezvous.
-                os._exit(DROPPED_EXIT)
+            if answer is not None and answer.body == dropped_notice(self.id) and not self.done.is_set():
+                self._dropped()
+
+    def _dropped(self) -> None:
+        print(f"hvdtrain: note: the elastic job dropped this worker (host {self.host}, slot {self.slot}) "
+              f"after a silence past the driver's --peer-timeout-s (frozen, or its host cut off) and went on "
+              "without it; it exits", file=sys.stderr, flush=True)
+        # From this thread: the training thread may be blocked in a collective or a re-rendezvous.
+        os._exit(DROPPED_EXIT)
 
     def stop(self) -> None:
         self.done.set()
         self.thread.join(timeout=5)
-        self._send(bye=True)   # a finished worker's silence is no loss
+        self._send(BYE)   # a finished worker's silence is no loss
         self.sock.close()
 
 
 @contextmanager
 def beating(timeout_s: float, env: Mapping[str, str] | None = None) -> Iterator[Heartbeat | None]:
-    """Beat while inside, under an elastic job of `hvdtrain launch` (else nothing); say bye on the way out."""
+    """Beat while inside, under an elastic job of `hvdtrain launch` with the job's key (else nothing); say bye on
+    the way out. `timeout_s` (the worker's --peer-timeout-s) only switches beating on: 0 is off."""
     env = os.environ if env is None else env
     watch = driver_watch(env)
     slot = process.elastic_slot(env)
+    key = control_wire.key_from_env(env)
     if watch is None or slot is None or timeout_s <= 0:
         yield None
         return
-    beat = Heartbeat(watch[0], watch[1], slot[0], slot[1], timeout_s)
+    if key is None:
+        print(f"hvdtrain: warning: this elastic worker has no {control_wire.CONTROL_KEY_ENV} (it comes in the "
+              "launcher's secrets file): it does not beat, so the driver cannot drop it if it freezes",
+              file=sys.stderr, flush=True)
+        yield None
+        return
+    beat = Heartbeat(watch, key, slot[0], slot[1], timeout_s)
     beat.thread.start()
     try:
         yield beat

@@ -11,11 +11,18 @@ that gets a warning. A shorter blip passes: TCP retransmits what was in flight o
 Only the lowest rank that still hears from the others prints, so a job writes one line, not one per
 rank; the others exit quietly with the same status. Elastic jobs do not use this: their
 workers beat to the driver instead (driver_heartbeat.py), which drops a silent one and goes on.
+
+Authenticated (control_wire.py): every heartbeat is sealed with the job's key (HVDTRAIN_CONTROL_KEY where
+a launcher delivered one, else a random key rank 0 sends the others over Horovod itself at start-up, never
+over UDP), from a sender id each rank draws afresh per watch, with a sequence number that only grows.
+Forged, replayed, malformed, or another job's datagrams are counted and dropped: they cannot end a rank
+(no exception reaches the watch's thread), mark a healthy rank silent (draining them never delays a beat)
+or excuse a silent one (a `bye` counts only when sealed). Sockets bind to the address of the interface
+Horovod uses (HOROVOD_GLOO_IFACE) where known.
 """
 from __future__ import annotations
 
 import os
-import secrets
 import select
 import socket
 import sys
@@ -27,11 +34,11 @@ from dataclasses import dataclass
 
 import psutil
 
-from hvdtrain.distributed import collectives
+from hvdtrain.distributed import collectives, control_wire
+from hvdtrain.distributed.control_wire import HEARTBEAT_S, MAX_DATAGRAM, PEER
 from hvdtrain.distributed.runtime import world
 from hvdtrain.environment import process
 
-HEARTBEAT_S = 1.0
 UNHEARD_S = 10   # a peer not heard from this long after the start is reported once, and never judged
 # Under mpirun, a rank that exits starts mpirun's abort, which then waits for the lost host's daemon to
 # answer, for ever. Staying alive this long after the line keeps mpirun's link to that host idle, so the
@@ -39,7 +46,9 @@ UNHEARD_S = 10   # a peer not heard from this long after the start is reported o
 # the cut and end the job itself.
 MPIRUN_GRACE_S = 15
 LOST_EXIT = 1   # like any failed rank: horovodrun and mpirun then end the others
+BEAT = "beat"
 BYE = "bye"     # a rank that finished says so, so its silence afterwards is not a loss
+IFACE_ENV = "HOROVOD_GLOO_IFACE"   # the interface horovodrun picked for the job's traffic
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,11 @@ class Peer:
     host: str
     addresses: tuple[str, ...]
     port: int
+    sender: str = ""   # its sender id on the wire, fresh for each watch (default: its rank)
+
+    @property
+    def id(self) -> str:
+        return self.sender or str(self.rank)
 
     def where(self) -> str:
         return f"rank {self.rank} on host {self.host}" + (f" ({self.addresses[0]})" if self.addresses else "")
@@ -58,6 +72,12 @@ def own_addresses() -> list[str]:
     found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
              if a.family == socket.AF_INET and not a.address.startswith("127.")]
     return found + ["127.0.0.1"]
+
+
+def job_address(env: dict[str, str] | os._Environ[str]) -> str | None:
+    """The IPv4 address of the interface Horovod uses (horovodrun sets HOROVOD_GLOO_IFACE), or None."""
+    found = [a.address for a in psutil.net_if_addrs().get(env.get(IFACE_ENV, ""), []) if a.family == socket.AF_INET]
+    return found[0] if found else None
 
 
 def lost_message(silent: list[tuple[Peer, float]], timeout_s: int) -> str:
@@ -76,10 +96,17 @@ def lost_message(silent: list[tuple[Peer, float]], timeout_s: int) -> str:
 
 
 class PeerWatch:
-    """Heartbeats to and from `peers`; ends this process when one stays silent for `timeout_s`."""
+    """Heartbeats to and from `peers`, sealed with `key`; ends this process when one stays silent for `timeout_s`.
 
-    def __init__(self, rank: int, token: str, peers: list[Peer], sock: socket.socket, timeout_s: int) -> None:
-        self.rank, self.token, self.peers, self.sock, self.timeout_s = rank, token, peers, sock, timeout_s
+    `sender` is this rank's id on the wire (default: its rank); `inbox.rejected` counts what was dropped.
+    """
+
+    def __init__(self, rank: int, key: bytes, peers: list[Peer], sock: socket.socket, timeout_s: int,
+                 sender: str = "") -> None:
+        self.rank, self.peers, self.sock, self.timeout_s = rank, peers, sock, timeout_s
+        self.seal = control_wire.Sender(key, PEER, sender or str(rank))
+        self.ranks = {peer.id: peer.rank for peer in peers}
+        self.inbox = control_wire.Inbox(key, PEER, set(self.ranks), "peer watch")
         self.started = time.monotonic()
         # None until a peer's first heartbeat: one never heard is not judged (UDP may be filtered between
         # hosts; a watch that cannot hear must not end a healthy job), only reported once.
@@ -104,7 +131,7 @@ class PeerWatch:
         self.sock.close()
 
     def _send(self, what: str) -> None:
-        data = f"hvdtrain-peer {self.token} {self.rank} {what}".encode()
+        data = self.seal.seal(what)
         for peer in self.peers:
             for address in peer.addresses:
                 try:
@@ -112,30 +139,37 @@ class PeerWatch:
                 except OSError:
                     pass   # no route while the link is down: that is what the silence will show
 
-    def _receive(self, wait_s: float) -> None:
-        ready, _, _ = select.select([self.sock], [], [], max(wait_s, 0))
-        while ready:
+    def _receive(self, until: float) -> None:
+        """Take in datagrams until `until` (the next beat), never past it: a flood cannot delay a beat."""
+        while True:
+            ready, _, _ = select.select([self.sock], [], [], max(until - time.monotonic(), 0))
+            if not ready:
+                return
             try:
-                data = self.sock.recv(256).decode(errors="replace").split()
+                data = self.sock.recv(MAX_DATAGRAM + 1)
             except OSError:
                 return
-            if len(data) == 4 and data[0] == "hvdtrain-peer" and data[1] == self.token:
-                rank = int(data[2])
-                if data[3] == BYE:
-                    self.heard.pop(rank, None)
-                elif rank in self.heard:
-                    self.heard[rank] = time.monotonic()
-            ready, _, _ = select.select([self.sock], [], [], 0)
+            message = self.inbox.open(data)
+            if message is not None:
+                self.hear(self.ranks[message.sender], message.body)
+            if time.monotonic() >= until:
+                return
+
+    def hear(self, rank: int, what: str) -> None:
+        if what == BYE:
+            self.heard.pop(rank, None)
+        elif what == BEAT and rank in self.heard:
+            self.heard[rank] = time.monotonic()
 
     def _loop(self) -> None:
         next_beat = time.monotonic()
         while not self.done.is_set():
             now = time.monotonic()
             if now >= next_beat:
-                self._send("beat")
+                self._send(BEAT)
                 next_beat = now + HEARTBEAT_S
                 self._judge()
-            self._receive(next_beat - time.monotonic())
+            self._receive(next_beat)
 
     def _speaks_for_the_job(self) -> bool:
         """The lowest rank among this one and those it still hears from."""
@@ -176,16 +210,21 @@ def start(timeout_s: int) -> PeerWatch | None:
     me = world()
     if timeout_s <= 0 or me.size == 1:
         return None
+    bound = job_address(os.environ)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("0.0.0.0", 0))
+    sock.bind((bound or "0.0.0.0", 0))
     host = socket.gethostname()
-    mine = {"rank": me.rank, "host": host, "addresses": own_addresses(), "port": sock.getsockname()[1],
-            "token": secrets.token_hex(8)}
+    # Over Horovod's own channel (the security model trusts it): where each rank listens, its fresh sender
+    # id, and rank 0's random key for a job whose launcher gave none. Nothing secret is sent over UDP.
+    mine = {"rank": me.rank, "host": host, "addresses": [bound] if bound else own_addresses(),
+            "port": sock.getsockname()[1], "sender": f"{me.rank}.{control_wire.new_key()[:16]}",
+            "key": (control_wire.key_from_env(os.environ) or control_wire.new_key().encode()).decode()
+            if me.rank == 0 else ""}
     everyone = collectives.allgather_object(mine, name="hvdtrain.peer_watch")
-    token = everyone[0]["token"]   # one job's heartbeats are not another's
+    key = everyone[0]["key"].encode()   # rank 0's: one job's heartbeats are not another's
     peers = [Peer(e["rank"], e["host"], tuple(a for a in e["addresses"] if e["host"] == host or a != "127.0.0.1"),
-                  e["port"]) for e in everyone if e["rank"] != me.rank]
-    watch = PeerWatch(me.rank, token, peers, sock, timeout_s)
+                  e["port"], e["sender"]) for e in everyone if e["rank"] != me.rank]
+    watch = PeerWatch(me.rank, key, peers, sock, timeout_s, mine["sender"])
     watch.thread.start()
     return watch
 

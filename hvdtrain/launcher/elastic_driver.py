@@ -11,7 +11,10 @@ prints one line naming the hosts that left, stops the driver (which terminates t
 Workers see the same bound (WAIT_ENV): the old rank 0 saves the last commit while waiting (train/elastic.py);
 with enough slots (a joining host still loading its data) they wait on, as the world can still form.
 A worker that stays up but goes silent (frozen, or its host cut off the network) exits nothing Horovod can
-see: the workers' heartbeats (launcher/worker_watch.py) drop it after its --peer-timeout-s.
+see: the workers' heartbeats (launcher/worker_watch.py) drop it after the --peer-timeout-s of the workers'
+command (read here, from this driver's own arguments; never from a packet). The heartbeats are sealed with the
+job's key (distributed/control_wire.py), which `hvdtrain launch` put in the 0600 secrets file: without it
+(this module run by hand) the workers are not watched.
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ import threading
 import time
 from typing import Any
 
-from hvdtrain.launcher.worker_watch import WorkerWatch
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.distributed import control_wire
+from hvdtrain.launcher.worker_watch import WorkerWatch, interface_address
 
 WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
 # Tells workers this driver bounds the wait by the slots (vs --min-np), so they need no fixed bound of their own.
@@ -83,6 +88,34 @@ def _quiet(*_args: Any) -> None:
     pass
 
 
+def peer_timeout_s(command: list[str]) -> float:
+    """The workers' --peer-timeout-s as their command line gives it, else TrainConfig's default.
+
+    Example:
+        >>> peer_timeout_s(["python", "-m", "hvdtrain", "--peer-timeout-s", "8"]), peer_timeout_s(["train.py"])
+        (8.0, 45.0)
+    """
+    for i, arg in enumerate(command):
+        name, eq, value = arg.partition("=")
+        if name == "--peer-timeout-s":
+            text = value if eq else (command[i + 1] if i + 1 < len(command) else "")
+            try:
+                return float(text)
+            except ValueError:
+                break   # the worker refuses it with a clear error of its own
+    return float(TrainConfig.peer_timeout_s)
+
+
+def worker_watch(args: Any, env: dict[str, str] | os._Environ[str]) -> WorkerWatch | None:
+    """The watch of the workers' heartbeats, bound where they will reach this driver; None without the job's key."""
+    key = control_wire.key_from_env(env)
+    if key is None:
+        print(f"hvdtrain: warning: no {control_wire.CONTROL_KEY_ENV} (`hvdtrain launch` gives one): frozen workers "
+              "are not dropped", file=sys.stderr, flush=True)
+        return None
+    return WorkerWatch(key.decode(), peer_timeout_s(args.command or []), interface_address(args.nics))
+
+
 def main(argv: list[str]) -> int:
     from horovod.runner import launch as hvd_launch
     from horovod.runner.elastic import driver as hvd_driver
@@ -96,8 +129,10 @@ def main(argv: list[str]) -> int:
     os.environ[WAIT_ENV] = str(wait_s)   # horovodrun forwards its environment to the workers
     os.environ[WATCHED_ENV] = "1"
     watches: list[BelowMinNpWatch] = []
-    workers = WorkerWatch()   # its port and token reach the workers with horovodrun's environment
-    os.environ.update(workers.env())
+    workers = worker_watch(args, os.environ)
+    os.environ.pop(control_wire.CONTROL_KEY_ENV, None)   # horovodrun would write it on the workers' command lines
+    if workers is not None:   # its port reaches the workers with horovodrun's environment (the key: secrets file)
+        os.environ.update(workers.env())
     original_init = hvd_driver.ElasticDriver.__init__
 
     # Horovod builds its driver deep inside launch_gloo_elastic: its constructor is the one place to hook.
@@ -105,7 +140,8 @@ def main(argv: list[str]) -> int:
         original_init(driver, *a, **kw)
         watches.append(BelowMinNpWatch(driver, wait_s))
         watches[-1].start()
-        workers.watch(driver)
+        if workers is not None:
+            workers.watch(driver)
 
     hvd_driver.ElasticDriver.__init__ = init_and_watch
     try:

@@ -1,17 +1,20 @@
 """The elastic driver's side of the workers' heartbeats (distributed/driver_heartbeat.py): a worker silent for
-its --peer-timeout-s is dropped as if it had failed, so a frozen worker or a host cut off the network costs
-the job that long, not the length of the fault.
+the driver's --peer-timeout-s is dropped as if it had failed, so a frozen worker or a host cut off the network
+costs the job that long, not the length of the fault.
 
 Dropping = recording a failure for the worker's slot in Horovod's worker registry, which is what Horovod does
 itself when a worker process exits non-zero: once the survivors have reported for the new rendezvous, it
 blacklists the host (whose worker process it then terminates), and re-forms the world from the others; after
 --blacklist-cooldown-range the host may come back. Reads the driver's private state (host assignments, host
 manager, worker registry): Horovod is pinned to 0.28.1.
+
+Authenticated (distributed/control_wire.py): only beats sealed with the job's key, each newer than the last from
+its worker, count; anything else is dropped and counted (`inbox.rejected`), so no datagram from outside the
+job can drop a healthy worker or keep a frozen one alive. The key goes to the workers in `secrets()` (the 0600
+secrets file or the pickled job), only the port in `env()` (which horovodrun puts on command lines).
 """
 from __future__ import annotations
 
-import json
-import secrets
 import socket
 import sys
 import threading
@@ -19,7 +22,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from hvdtrain.distributed.driver_heartbeat import DROPPED, WATCH_ENV
+import psutil
+
+from hvdtrain.distributed import control_wire
+from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV, FROM_DRIVER, MAX_DATAGRAM, TO_DRIVER
+from hvdtrain.distributed.driver_heartbeat import (
+    BYE,
+    DRIVER_SENDER,
+    WATCH_ENV,
+    dropped_notice,
+    parse_worker_id,
+)
 
 POLL_S = 1.0
 
@@ -28,69 +41,94 @@ POLL_S = 1.0
 class Heard:
     at: float
     pid: int
-    timeout_s: float
+
+
+def interface_address(nics: set[str] | list[str] | None) -> str:
+    """Where the workers will reach the driver: with one --network-interfaces NIC, its IPv4 address as Horovod
+    picks it for HOROVOD_GLOO_RENDEZVOUS_ADDR (network.get_driver_ip: the last one); else every address."""
+    if not nics or len(nics) != 1:
+        return "0.0.0.0"
+    found = [addr.address for addr in psutil.net_if_addrs().get(next(iter(nics)), []) if addr.family == socket.AF_INET]
+    return str(found[-1]) if found else "0.0.0.0"
 
 
 class WorkerWatch(threading.Thread):
-    """Bound before horovodrun starts (its port and token go to the workers in `env()`); watches once `watch()`
-    gives it the driver."""
+    """Bound before horovodrun starts (its port goes to the workers in `env()`, its key in `secrets()`); watches
+    once `watch()` gives it the driver.
 
-    def __init__(self) -> None:
+    Args:
+        key: the job's key (control_wire.new_key()).
+        timeout_s: the driver's own --peer-timeout-s: a worker silent this long is dropped; 0 = never.
+        address: where to listen: the job's interface's address, where known.
+    """
+
+    def __init__(self, key: str, timeout_s: float, address: str = "0.0.0.0") -> None:
         super().__init__(name="hvdtrain-worker-watch", daemon=True)
+        self.key, self.timeout_s = key, timeout_s
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("0.0.0.0", 0))
+        self.sock.bind((address, 0))
         self.sock.settimeout(POLL_S)
-        self.token = secrets.token_hex(8)
+        self.inbox = control_wire.Inbox(key.encode(), TO_DRIVER, label="elastic driver's worker watch")
+        self.answer = control_wire.Sender(key.encode(), FROM_DRIVER, DRIVER_SENDER)
         self.driver: Any = None
         self.heard: dict[tuple[str, int], Heard] = {}
         self.dropped: set[tuple[str, int, int]] = set()   # (host, slot, pid)
         self.lines: list[str] = []
 
     def env(self) -> dict[str, str]:
-        return {WATCH_ENV: f"{self.sock.getsockname()[1]}:{self.token}"}
+        """What may travel on the workers' command lines: the port, no secret."""
+        return {WATCH_ENV: str(self.sock.getsockname()[1])}
+
+    def secrets(self) -> dict[str, str]:
+        """What must not: the key, for the secrets file or the pickled job."""
+        return {CONTROL_KEY_ENV: self.key}
 
     def watch(self, driver: Any) -> None:
         self.driver = driver
         self.start()
 
     def run(self) -> None:
+        judged = time.monotonic()
         try:
             while not self.driver.finished():
                 try:
-                    data, sender = self.sock.recvfrom(1024)
+                    data, sender = self.sock.recvfrom(MAX_DATAGRAM + 1)
                 except OSError:
                     data, sender = b"", None
                 if data:
                     self.hear(data, sender)
-                self.judge(time.monotonic())
+                if time.monotonic() - judged >= POLL_S / 4:   # not once per datagram: a flood costs little
+                    judged = time.monotonic()
+                    self.judge(judged)
         finally:
             self.sock.close()
 
     def hear(self, data: bytes, sender: Any) -> None:
-        try:
-            beat = json.loads(data)
-            key, pid, token = (str(beat["host"]), int(beat["slot"])), int(beat["pid"]), beat["token"]
-            timeout_s = float(beat["timeout_s"])
-        except (ValueError, KeyError, TypeError):
+        beat = self.inbox.open(data)
+        worker = parse_worker_id(beat.sender) if beat is not None else None
+        if beat is None or worker is None:
             return
-        if token != self.token:
-            return
-        if (*key, pid) in self.dropped:
-            try:
-                self.sock.sendto(DROPPED, sender)   # it came back after the job went on without it
-            except OSError:
-                pass
-        elif beat.get("bye"):
+        host, slot, pid = worker
+        key = (host, slot)
+        if worker in self.dropped:
+            if beat.body != BYE:
+                try:   # it came back after the job went on without it; sealed, and naming it alone
+                    self.sock.sendto(self.answer.seal(dropped_notice(beat.sender)), sender)
+                except (OSError, ValueError):
+                    pass
+        elif beat.body == BYE:
             self.heard.pop(key, None)
         else:
-            self.heard[key] = Heard(time.monotonic(), pid, timeout_s)
+            self.heard[key] = Heard(time.monotonic(), pid)
 
     def judge(self, now: float) -> None:
+        if self.timeout_s <= 0:
+            return
         for key, heard in list(self.heard.items()):
             host, slot = key
             if self.driver._host_manager.is_blacklisted(host) or not self._assigned(host, slot):
                 del self.heard[key]   # Horovod has dropped it already, or it has no place in this world
-            elif now - heard.at >= heard.timeout_s:
+            elif now - heard.at >= self.timeout_s:
                 del self.heard[key]
                 self.drop(host, slot, heard, now - heard.at)
 
@@ -101,7 +139,7 @@ class WorkerWatch(threading.Thread):
     def drop(self, host: str, slot: int, heard: Heard, silent_s: float) -> None:
         self.dropped.add((host, slot, heard.pid))
         line = (f"hvdtrain: warning: the worker on host {host} (slot {slot}, pid {heard.pid}) has not been heard from "
-                f"for {silent_s:.0f} s (frozen, or its host cut off; --peer-timeout-s {heard.timeout_s:g}): the "
+                f"for {silent_s:.0f} s (frozen, or its host cut off; --peer-timeout-s {self.timeout_s:g}): the "
                 "elastic job drops it and goes on with the others")
         self.lines.append(line)
         print(line, file=sys.stderr, flush=True)

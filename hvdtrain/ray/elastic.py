@@ -9,7 +9,8 @@ horovod.ray.elastic_v2 is not used (it pins old dependencies and is untested on 
 A node lost mid-run kills its actors: their calls fail, which the driver takes for the worker's failure; the
 others go back to the last commit and train on; a node that joins later (or comes back after the blacklist
 cooldown) gets workers again up to max_workers. A worker that freezes or is cut off without dying is dropped
-by the workers' heartbeats after --peer-timeout-s (launcher/worker_watch.py), as under `hvdtrain launch`.
+by the workers' heartbeats after --peer-timeout-s (launcher/worker_watch.py), as under `hvdtrain launch`; their
+key travels inside the pickled job, the watch listens on the address the workers reach this driver at.
 The driver runs in the calling process, so the workers must reach it (a node of the cluster, or a Ray job's
 driver on the head): not through Ray Client.
 """
@@ -21,6 +22,8 @@ import threading
 import time
 from typing import Any
 
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.distributed import control_wire
 from hvdtrain.errors import LaunchError, WorkerError, first_line
 from hvdtrain.launcher.guard import Failure, Guarded
 from hvdtrain.launcher.worker_watch import WorkerWatch
@@ -92,8 +95,11 @@ def run(ray: Any, job: Guarded, num_workers: int, min_workers: int, max_workers:
                            cooldown_range=COOLDOWN_S, verbose=0)
     port = rendezvous.start(create_rendezvous_handler(driver))
     address = (reachable_address(ray.get_runtime_context().gcs_address), port)   # the workers reach us here
-    watch = WorkerWatch()
+    # The driver's own --peer-timeout-s: the config's, when the job is a config-driven fit.
+    timeout_s = next((a.peer_timeout_s for a in job.args if isinstance(a, TrainConfig)), TrainConfig.peer_timeout_s)
+    watch = WorkerWatch(control_wire.new_key(), timeout_s, address[0])
     worker_env = {**env, **watch.env()}
+    job = Guarded(job.fn, job.args, job.kwargs, {**job.secrets, **watch.secrets()})   # the key: pickled, not env
     finished: dict[tuple[str, int], Any] = {}   # (node id, local rank) -> the worker's result
     lost: list[str] = []
     lock = threading.Lock()
