@@ -1,22 +1,26 @@
 # Two commands do all set-up on a fresh machine: `make run` and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
-# Override for CUDA, e.g. make setup TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+# Default: the CPU build from PyTorch's CPU index on a machine without an NVIDIA GPU (PyPI's when that index cannot
+# be reached), the default index's CUDA build where there is a GPU. Override, e.g. TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 # (only the torch install uses that index; everything else still comes from PyPI)
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 EXTRAS ?= dev,notebook,spark,ray,tensorboard,tune,compress,hf,streaming,tracking,docs
 NP ?= 2
 ARGS ?=
-STAMP := $(VENV)/.hvdtrain-setup-ok
+# The stamp names the torch build and extras asked for: changing TORCH_SPEC, TORCH_INDEX_URL or EXTRAS re-runs set-up
+# (which then switches a CPU torch for a CUDA one or back, and builds the Horovod that goes with it).
+SETUP_KEY := $(shell printf '%s|%s|%s' '$(TORCH_SPEC)' '$(TORCH_INDEX_URL)' '$(EXTRAS)' | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.hvdtrain-setup-ok-$(SETUP_KEY)
 BIN := $(VENV)/bin
 
 .PHONY: setup run test test-fast lint doctor gpu-check bench docs clean docker-cpu docker-gpu
 
 setup: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/setup-env scripts/install-horovod
-	PYTHON='$(PYTHON)' VENV='$(VENV)' TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX_URL='$(TORCH_INDEX_URL)' EXTRAS='$(EXTRAS)' bash scripts/setup-env
+$(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/choose_torch.py scripts/setup-env scripts/install-horovod
+	PYTHON='$(PYTHON)' VENV='$(VENV)' TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX_URL='$(TORCH_INDEX_URL)' EXTRAS='$(EXTRAS)' STAMP='$(STAMP)' bash scripts/setup-env
 
 # The main job: the default config (the CNN on scikit-learn's bundled digits) on NP local workers.
 run: setup

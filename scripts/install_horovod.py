@@ -54,12 +54,15 @@ def needs_cxx17(torch_version: str) -> bool:
     return parse_version(torch_version) >= (2, 1, 0)
 
 
-def cache_key(horovod: str, torch: str, python: str, cuda: str | None, nccl: bool, cc_list: str = "") -> str:
+def cache_key(horovod: str, torch: str, python: str, cuda: str | None, nccl: bool, cc_list: str = "",
+              torch_cuda: str | None = None) -> str:
     """One folder per build configuration; a wheel is reused only for an identical one.
 
+    `cuda` is the CUDA of the GPU build (None: a CPU build); `torch_cuda` is torch's own CUDA when that
+    differs (a CUDA torch with Horovod built for CPU on a GPU-less machine), so the two never share a wheel.
     `cc_list` is HOROVOD_BUILD_CUDA_CC_LIST (the GPU architectures compiled); '' = all nvcc knows.
     """
-    accel = f"cu{cuda}" + ("-nccl" if nccl else "") if cuda else "cpu"
+    accel = f"cu{cuda}" + ("-nccl" if nccl else "") if cuda else (f"cpu-on-cu{torch_cuda}" if torch_cuda else "cpu")
     if cuda and cc_list.strip():
         accel += "-cc" + "_".join(sorted({cc.strip() for cc in cc_list.split(",") if cc.strip()}, key=int))
     safe_torch = re.sub(r"[^0-9A-Za-z.]+", "_", torch)
@@ -77,6 +80,12 @@ _TORCH_GLOO = (
     "        list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)\n"
     "    elseif (Pytorch_CXX11)\n        list(APPEND PYTORCH_LINKER_LIBS gloo)",
 )
+# A CUDA torch makes the extension a CUDA build whenever a CUDA toolkit is on the machine (FindPytorch asks
+# torch for CUDA_HOME), GPU or not; this lets a GPU-less machine build the CPU extension against it.
+_TORCH_CPU_ONLY = (
+    "elseif (Pytorch_CUDA AND NOT HAVE_CUDA)\n    add_cuda()",
+    'elseif (Pytorch_CUDA AND NOT HAVE_CUDA AND NOT "$ENV{HVDTRAIN_HOROVOD_CPU_ONLY}")\n    add_cuda()',
+)
 _TORCH_EXPORT = (
     "set(Pytorch_CXX11 ${Pytorch_CXX11} PARENT_SCOPE)",
     "set(Pytorch_CXX11 ${Pytorch_CXX11} PARENT_SCOPE)\n"
@@ -93,7 +102,7 @@ _TOP_ABI = (
     "        target_compile_definitions(compatible17_gloo",
 )
 PATCHES = {
-    "horovod/torch/CMakeLists.txt": (_TORCH_STD, _TORCH_GLOO, _TORCH_EXPORT),
+    "horovod/torch/CMakeLists.txt": (_TORCH_STD, _TORCH_GLOO, _TORCH_CPU_ONLY, _TORCH_EXPORT),
     "CMakeLists.txt": (_TOP_GLOO17, _TOP_ABI),
 }
 # g++ 13's libstdc++ no longer drags <cstdint>/<string>/<stdexcept> in through other standard headers;
@@ -207,15 +216,121 @@ def find_nccl(environ: Mapping[str, str], exists=os.path.exists) -> dict[str, st
     return None
 
 
+def find_nccl_wheel(site_dirs: list[str], exists=os.path.exists, glob=None) -> dict[str, str] | None:
+    """NCCL inside torch's own `nvidia-nccl-cu*` wheel: `nvidia/<pkg>/include/nccl.h` and `lib/libnccl.so.2`.
+
+    The wheel ships only the versioned library, while Horovod's FindNCCL looks for `libnccl.so` (or the
+    static archive): the caller links `libnccl.so` to it in a build folder (see `nccl_link_dir`) and sets
+    HOROVOD_NCCL_LINK=SHARED. At run time torch has already loaded that same libnccl.so.2.
+    """
+    from glob import glob as real_glob
+    glob = glob or real_glob
+    for site in site_dirs:
+        for header in sorted(glob(f"{site}/nvidia/*/include/nccl.h")):
+            root = header[:-len("/include/nccl.h")]
+            if exists(f"{root}/lib/libnccl.so.2"):
+                return {"HOROVOD_NCCL_INCLUDE": f"{root}/include", "HOROVOD_NCCL_LIB": f"{root}/lib",
+                        "HOROVOD_NCCL_LINK": "SHARED"}
+    return None
+
+
+def nccl_link_dir(nccl_env: dict[str, str], folder: Path) -> dict[str, str]:
+    """For a wheel's NCCL: a folder holding `libnccl.so` -> the wheel's libnccl.so.2, as FindNCCL wants."""
+    lib = Path(nccl_env["HOROVOD_NCCL_LIB"])
+    if (lib / "libnccl.so").exists() or not (lib / "libnccl.so.2").exists():
+        return nccl_env
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / "libnccl.so"
+    if not link.exists():
+        link.symlink_to(lib / "libnccl.so.2")
+    return dict(nccl_env, HOROVOD_NCCL_LIB=str(folder))
+
+
+def find_nvcc(environ: Mapping[str, str], site_dirs: list[str], which=shutil.which, exists=os.path.exists,
+              glob=None) -> str | None:
+    """The CUDA root (folder of bin/nvcc) the GPU build should use: HOROVOD_CUDA_HOME, CUDA_HOME/CUDA_PATH,
+    nvcc on PATH, /usr/local/cuda, then an `nvidia-cuda-nvcc*` wheel in site-packages."""
+    from glob import glob as real_glob
+    glob = glob or real_glob
+    for name in ("HOROVOD_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"):
+        root = environ.get(name, "")
+        if root and exists(f"{root}/bin/nvcc"):
+            return root
+    on_path = which("nvcc")
+    if on_path:
+        return str(Path(on_path).resolve().parent.parent)
+    if exists("/usr/local/cuda/bin/nvcc"):
+        return "/usr/local/cuda"
+    for site in site_dirs:
+        for nvcc in sorted(glob(f"{site}/nvidia/*/bin/nvcc")):
+            return nvcc[:-len("/bin/nvcc")]
+    return None
+
+
+def nvcc_wheel(cuda: str) -> str:
+    """The PyPI requirement that carries nvcc for torch's CUDA: -cu12 names up to CUDA 12, plain from 13."""
+    major, minor = (cuda.split(".") + ["0"])[:2]
+    name = "nvidia-cuda-nvcc" if int(major) >= 13 else f"nvidia-cuda-nvcc-cu{major}"
+    return f"{name}=={major}.{minor}.*"
+
+
+def cc_list_of(compute_caps: list[str]) -> str:
+    """nvidia-smi's compute capabilities ('9.0', '8.6') -> HOROVOD_BUILD_CUDA_CC_LIST ('86,90')."""
+    ccs = {cap.strip().replace(".", "") for cap in compute_caps if re.fullmatch(r"\s*\d+\.\d+\s*", cap)}
+    return ",".join(sorted(ccs, key=int))
+
+
+def gpu_wanted(environ: Mapping[str, str], compute_caps: list[str]) -> bool:
+    """Build Horovod's GPU ops? HVDTRAIN_HOROVOD_GPU=1/0 decides (an image built on a machine without a GPU
+    says 1); else HOROVOD_GPU_OPERATIONS set, or an NVIDIA GPU on this machine."""
+    asked = environ.get("HVDTRAIN_HOROVOD_GPU", "").strip().lower()
+    if asked in ("1", "true", "yes", "on"):
+        return True
+    if asked in ("0", "false", "no", "off"):
+        return False
+    return bool(environ.get("HOROVOD_GPU_OPERATIONS") or compute_caps)
+
+
+def cpu_on_cuda_torch_note(cuda: str) -> str:
+    return (f"torch is a CUDA {cuda} build but this machine has no NVIDIA GPU: building Horovod for CPU "
+            "(HVDTRAIN_HOROVOD_GPU=1 builds the GPU ops anyway, e.g. for an image)")
+
+
+def gpu_missing_message(cuda: str, missing: list[str]) -> str:
+    return (f"torch is a CUDA {cuda} build and this machine has a GPU, but the GPU build of Horovod lacks "
+            f"{' and '.join(missing)}; or set HVDTRAIN_HOROVOD_GPU=0 to build Horovod for CPU only")
+
+
+def gpu_compute_caps(which=shutil.which) -> list[str]:
+    """Compute capabilities of this machine's NVIDIA GPUs ([] when none, or no driver to ask)."""
+    smi = which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        proc = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], text=True,
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()] if proc.returncode == 0 else []
+
+
+def site_packages(python: str) -> list[str]:
+    proc = run([python, "-c", "import site, sys; print('\\n'.join(site.getsitepackages()))"])
+    return [line for line in proc.stdout.splitlines() if line] if proc.returncode == 0 else []
+
+
 def expected_build(cuda: str | None, nccl: bool) -> tuple[str, ...]:
     """What `horovodrun --check-build` must show: NCCL too for a CUDA torch built with NCCL."""
     return EXPECTED_BUILD + (("NCCL",) if cuda and nccl else ())
 
 
-def nccl_missing_message(cuda: str) -> str:
-    return (f"torch is a CUDA {cuda} build but no NCCL was found (nccl.h and libnccl.so under HOROVOD_NCCL_HOME, "
-            "NCCL_HOME, CUDA_HOME, /usr or /usr/local/cuda); without it Horovod sends GPU tensors through host "
-            "memory. Install libnccl-dev (or set HOROVOD_NCCL_HOME), or set HVDTRAIN_ALLOW_NO_NCCL=1 to build without")
+NCCL_MISSING = ("NCCL (nccl.h and libnccl.so under HOROVOD_NCCL_HOME, NCCL_HOME, CUDA_HOME, /usr, /usr/local/cuda "
+                "or torch's nvidia-nccl wheel: install libnccl-dev, or set HVDTRAIN_ALLOW_NO_NCCL=1 to build "
+                "without it, sending GPU tensors through host memory)")
+
+
+def nvcc_missing(cuda: str) -> str:
+    return f"nvcc (install the CUDA {cuda} toolkit, or `pip install '{nvcc_wheel(cuda)}'`)"
 
 
 def apt_install(packages: list[str], log: Path) -> bool:
@@ -296,6 +411,8 @@ def build_env(cuda: str | None, nccl: bool, nccl_env: dict[str, str] | None = No
     env.update(HOROVOD_WITH_PYTORCH="1", HOROVOD_WITH_MPI="1", HOROVOD_WITH_GLOO="1",
                HOROVOD_WITHOUT_TENSORFLOW="1", HOROVOD_WITHOUT_MXNET="1")
     env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 2}")
+    # CMake 4 (PyPI's `cmake`) refuses projects declaring compatibility below 3.5, as the bundled gloo does (2.8.12).
+    env.setdefault("CMAKE_POLICY_VERSION_MINIMUM", "3.5")
     if cuda and nccl:
         env.setdefault("HOROVOD_GPU_OPERATIONS", "NCCL")
     return env
@@ -357,16 +474,53 @@ def installed_matches(python: str, torch_version: str) -> bool:
     return run([python, "-c", code]).returncode == 0
 
 
+def plan_gpu_build(python: str, torch_cuda: str | None, environ: Mapping[str, str], cache_root: Path,
+                   use_pip: bool = True) -> tuple[str | None, bool, dict[str, str]]:
+    """(CUDA of the GPU build or None for CPU, NCCL built in, the build's extra variables), one line said.
+
+    A CUDA torch on a machine with no NVIDIA GPU builds Horovod for CPU (nothing to set). With a GPU: NCCL
+    from the system or torch's own nvidia-nccl wheel, nvcc from the system or the matching nvidia-cuda-nvcc
+    wheel (installed when missing), and only the architectures of the GPUs present.
+    """
+    if not torch_cuda:
+        return None, False, {}
+    caps = gpu_compute_caps()
+    if not gpu_wanted(environ, caps):
+        say(cpu_on_cuda_torch_note(torch_cuda))
+        return None, False, {"HVDTRAIN_HOROVOD_CPU_ONLY": "1"}
+    sites = site_packages(python)
+    nccl_env = find_nccl(environ)
+    if nccl_env is None:
+        wheel = find_nccl_wheel(sites)
+        if wheel:
+            say(f"NCCL from torch's wheel: {wheel['HOROVOD_NCCL_LIB']}")
+            nccl_env = nccl_link_dir(wheel, cache_root / "nccl-link")
+    cuda_root = find_nvcc(environ, sites)
+    if cuda_root is None and use_pip:
+        say(f"no nvcc on this machine: installing {nvcc_wheel(torch_cuda)} (CUDA {torch_cuda}, as torch)")
+        if run([python, "-m", "pip", "install", "-q", nvcc_wheel(torch_cuda)]).returncode == 0:
+            cuda_root = find_nvcc(environ, site_packages(python))
+    missing = ([] if nccl_env is not None or environ.get("HVDTRAIN_ALLOW_NO_NCCL") else [NCCL_MISSING]) + (
+        [nvcc_missing(torch_cuda)] if cuda_root is None else [])
+    if missing:
+        raise InstallError(gpu_missing_message(torch_cuda, missing))
+    env = dict(nccl_env or {})
+    if cuda_root and not environ.get("HOROVOD_CUDA_HOME"):
+        env["HOROVOD_CUDA_HOME"] = cuda_root
+    if caps and not environ.get("HOROVOD_BUILD_CUDA_CC_LIST"):
+        env["HOROVOD_BUILD_CUDA_CC_LIST"] = cc_list_of(caps)
+    say(f"GPU build: CUDA {torch_cuda}, nvcc in {cuda_root}, NCCL {'yes' if nccl_env is not None else 'no'}, "
+        f"architectures {env.get('HOROVOD_BUILD_CUDA_CC_LIST') or environ.get('HOROVOD_BUILD_CUDA_CC_LIST') or 'all'}")
+    return torch_cuda, nccl_env is not None, env
+
+
 def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, test_tools: bool = True) -> None:
     (cache_root / "logs").mkdir(parents=True, exist_ok=True)
     # Before the early returns below: a machine with Horovod cached may still lack test tools.
     if test_tools:
         ensure_test_tools(cache_root / "logs" / "test-tools.log", use_apt)
-    torch_version, cuda = probe_torch(python)
-    nccl_env = find_nccl(os.environ) if cuda else None
-    nccl = nccl_env is not None
-    if cuda and not nccl and not os.environ.get("HVDTRAIN_ALLOW_NO_NCCL"):
-        raise InstallError(nccl_missing_message(cuda))
+    torch_version, torch_cuda = probe_torch(python)
+    cuda, nccl, gpu_env = plan_gpu_build(python, torch_cuda, os.environ, cache_root, use_apt)
     expected = expected_build(cuda, nccl)
     py = ".".join(map(str, sys.version_info[:2]))
     if not force and installed_matches(python, torch_version):
@@ -377,7 +531,8 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
         else:
             say(f"horovod {HOROVOD_VERSION} for torch {torch_version} already installed and verified")
             return
-    key = cache_key(HOROVOD_VERSION, torch_version, py, cuda, nccl, os.environ.get("HOROVOD_BUILD_CUDA_CC_LIST", ""))
+    cc_list = gpu_env.get("HOROVOD_BUILD_CUDA_CC_LIST", os.environ.get("HOROVOD_BUILD_CUDA_CC_LIST", ""))
+    key = cache_key(HOROVOD_VERSION, torch_version, py, cuda, nccl, cc_list, torch_cuda=torch_cuda)
     cache_dir = cache_root / "wheels" / key
     log_dir = cache_root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -403,7 +558,7 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
         if needs_cxx17(torch_version):
             apply_cxx17_fix(src)
             say(f"torch {torch_version} needs C++17: applied hvdtrain's build fix")
-        wheel = compile_wheel(python, src, Path(tmp) / "dist", build_env(cuda, nccl, nccl_env), log)
+        wheel = compile_wheel(python, src, Path(tmp) / "dist", build_env(cuda, nccl, gpu_env), log)
         install_wheel(python, wheel, log)
         print(verify(python, expected))
         # Cache only a wheel that verified, so a broken build is never reused.

@@ -258,21 +258,144 @@ def test_find_nccl_beyond_two_fixed_folders():
 def test_a_cuda_torch_requires_nccl_in_the_build_check():
     assert ih.expected_build(None, False) == ("PyTorch", "MPI", "Gloo")
     assert ih.expected_build("13.0", True) == ("PyTorch", "MPI", "Gloo", "NCCL")
-    assert "libnccl-dev" in ih.nccl_missing_message("13.0") and "\n" not in ih.nccl_missing_message("13.0")
+    assert "libnccl-dev" in ih.NCCL_MISSING and "HVDTRAIN_ALLOW_NO_NCCL=1" in ih.NCCL_MISSING
     assert ih.build_env("13.0", True, {"HOROVOD_NCCL_LIB": "/l"})["HOROVOD_NCCL_LIB"] == "/l"
 
 
-def test_cuda_torch_without_nccl_stops_before_building(tmp_path, monkeypatch):
+def test_cuda_torch_on_a_gpu_host_without_nccl_stops_before_building(tmp_path, monkeypatch):
     monkeypatch.setattr(ih, "probe_torch", lambda python: ("2.13.0", "13.0"))
     monkeypatch.setattr(ih, "find_nccl", lambda environ: None)
+    monkeypatch.setattr(ih, "find_nccl_wheel", lambda sites: None)
+    monkeypatch.setattr(ih, "gpu_compute_caps", lambda: ["9.0"])
     monkeypatch.delenv("HVDTRAIN_ALLOW_NO_NCCL", raising=False)
-    with pytest.raises(ih.InstallError, match="CUDA 13.0 build but no NCCL was found"):
+    monkeypatch.delenv("HVDTRAIN_HOROVOD_GPU", raising=False)
+    with pytest.raises(ih.InstallError, match="CUDA 13.0 build and this machine has a GPU, but the GPU build of "
+                                              "Horovod lacks NCCL"):
         ih.install(sys.executable, tmp_path, force=False, use_apt=False, test_tools=False)
+
+
+def test_cuda_torch_on_a_machine_without_gpu_builds_for_cpu_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ih, "gpu_compute_caps", lambda: [])
+    monkeypatch.delenv("HVDTRAIN_HOROVOD_GPU", raising=False)
+    monkeypatch.delenv("HOROVOD_GPU_OPERATIONS", raising=False)
+    assert ih.plan_gpu_build(sys.executable, "13.0", {}, tmp_path) == (None, False, {"HVDTRAIN_HOROVOD_CPU_ONLY": "1"})
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["[install-horovod] " + ih.cpu_on_cuda_torch_note("13.0")]
+    # ... and its wheel never shares a cache folder with a CPU torch's or a GPU build's.
+    keys = {ih.cache_key("0.28.1", "2.13.0", "3.11", None, False, torch_cuda="13.0"),
+            ih.cache_key("0.28.1", "2.13.0", "3.11", None, False),
+            ih.cache_key("0.28.1", "2.13.0", "3.11", "13.0", True)}
+    assert len(keys) == 3
+
+
+@pytest.mark.parametrize(("environ", "caps", "wanted"), [
+    ({}, [], False), ({}, ["8.0"], True), ({"HVDTRAIN_HOROVOD_GPU": "1"}, [], True),
+    ({"HVDTRAIN_HOROVOD_GPU": "0"}, ["9.0"], False), ({"HOROVOD_GPU_OPERATIONS": "NCCL"}, [], True)])
+def test_gpu_build_is_wanted_where_a_gpu_is_or_where_asked(environ, caps, wanted):
+    assert ih.gpu_wanted(environ, caps) is wanted
+
+
+def test_the_cpu_only_switch_reaches_horovods_torch_cmake(horovod_source, tmp_path):
+    """The patched horovod/torch/CMakeLists.txt skips add_cuda() for a CUDA torch when the switch is set."""
+    ih.apply_cxx17_fix(horovod_source)   # once: other tests of this module may have applied it already
+    text = (horovod_source / "horovod/torch/CMakeLists.txt").read_text()
+    branch = text[text.index("elseif (Pytorch_CUDA AND NOT HAVE_CUDA"):].split("endif()", 1)[0]
+    project = tmp_path / "CMakeLists.txt"
+    project.write_text("cmake_minimum_required(VERSION 3.13)\nproject(p NONE)\nset(Pytorch_CUDA TRUE)\n"
+                       "macro(add_cuda)\n  message(STATUS \"ADD_CUDA_CALLED\")\nendmacro()\n"
+                       f"if (FALSE)\n{branch}endif()\n")
+    for switch, called in (("1", False), ("", True)):
+        proc = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / f"b{switch}")],
+                              env=dict(os.environ, HVDTRAIN_HOROVOD_CPU_ONLY=switch),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert ("ADD_CUDA_CALLED" in proc.stdout) is called
+
+
+def _wheel_layout(site: Path) -> Path:
+    """The layout of torch's nvidia-nccl wheel: the header and only the versioned library."""
+    root = site / "nvidia" / "nccl"
+    (root / "include").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n#define NCCL_VERSION_CODE 22907\n")
+    (root / "lib" / "libnccl.so.2").write_bytes(b"")
+    return root
+
+
+def test_nccl_from_torchs_wheel_is_found_by_horovods_own_find_module(horovod_source, tmp_path):
+    root = _wheel_layout(tmp_path / "site")
+    found = ih.find_nccl_wheel([str(tmp_path / "empty"), str(tmp_path / "site")])
+    assert found == {"HOROVOD_NCCL_INCLUDE": f"{root}/include", "HOROVOD_NCCL_LIB": f"{root}/lib",
+                     "HOROVOD_NCCL_LINK": "SHARED"}
+    env = ih.nccl_link_dir(found, tmp_path / "link")
+    assert (tmp_path / "link" / "libnccl.so").resolve() == root / "lib" / "libnccl.so.2"
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(
+        f"cmake_minimum_required(VERSION 3.13)\nproject(p NONE)\n"
+        f"list(APPEND CMAKE_MODULE_PATH {horovod_source}/cmake/Modules)\nfind_package(NCCL REQUIRED)\n"
+        "message(STATUS \"NCCL_LIBS=${NCCL_LIBRARIES} MAJOR=${NCCL_MAJOR_VERSION}\")\n")
+    proc = subprocess.run(["cmake", "-S", str(project), "-B", str(project / "build")],
+                          env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"NCCL_LIBS={tmp_path / 'link' / 'libnccl.so'} MAJOR=2" in proc.stdout
+    assert ih.find_nccl_wheel([str(tmp_path / "empty")]) is None
+
+
+def test_nvcc_comes_from_the_system_first_then_the_matching_wheel(tmp_path):
+    wheel_nvcc = tmp_path / "site" / "nvidia" / "cuda_nvcc" / "bin" / "nvcc"
+    wheel_nvcc.parent.mkdir(parents=True)
+    wheel_nvcc.write_text("")
+    sites = [str(tmp_path / "site")]
+    assert ih.find_nvcc({}, sites, which=lambda _: None, exists=lambda p: os.path.exists(p) and "/usr" not in p) \
+        == str(tmp_path / "site" / "nvidia" / "cuda_nvcc")
+    assert ih.find_nvcc({"CUDA_HOME": str(tmp_path / "site/nvidia/cuda_nvcc")}, [], which=lambda _: None) \
+        == str(tmp_path / "site/nvidia/cuda_nvcc")
+    assert ih.find_nvcc({}, [], which=lambda _: "/opt/cuda-12.8/bin/nvcc") == "/opt/cuda-12.8"
+    assert ih.nvcc_wheel("12.8") == "nvidia-cuda-nvcc-cu12==12.8.*"
+    assert ih.nvcc_wheel("13.0") == "nvidia-cuda-nvcc==13.0.*"
+
+
+def test_only_the_architectures_of_the_gpus_present_are_compiled():
+    assert ih.cc_list_of(["9.0", "8.0", "9.0"]) == "80,90"
+    assert ih.cc_list_of(["[N/A]", ""]) == ""
+
+
+def test_gpu_build_names_everything_missing_in_one_line():
+    message = ih.gpu_missing_message("12.8", [ih.NCCL_MISSING, ih.nvcc_missing("12.8")])
+    assert "\n" not in message and "NCCL" in message and "nvidia-cuda-nvcc-cu12==12.8.*" in message
+    assert "HVDTRAIN_HOROVOD_GPU=0" in message
+
+
+def test_bundled_gloo_configures_with_cmake_4(tmp_path):
+    """PyPI's cmake is 4.x, which refuses cmake_minimum_required(2.8.12) (gloo's) without the policy minimum."""
+    target = tmp_path / "cmake4"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(target), "cmake>=4,<5"],
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.skip(f"cmake 4 could not be installed from the package index: {proc.stderr.strip()[-200:]}")
+    cmake = target / "bin" / "cmake"
+    project = tmp_path / "old"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 2.8.12 FATAL_ERROR)\nproject(g NONE)\n")
+    env = dict(os.environ, PYTHONPATH=str(target))
+    env.pop("CMAKE_POLICY_VERSION_MINIMUM", None)
+    refused = subprocess.run([str(cmake), "-S", str(project), "-B", str(tmp_path / "b1")], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "Compatibility with CMake < 3.5 has been removed" in refused.stderr
+    build_env = ih.build_env(None, False)
+    assert build_env["CMAKE_POLICY_VERSION_MINIMUM"] == "3.5"
+    accepted = subprocess.run([str(cmake), "-S", str(project), "-B", str(tmp_path / "b2")],
+                              env=dict(env, CMAKE_POLICY_VERSION_MINIMUM=build_env["CMAKE_POLICY_VERSION_MINIMUM"]),
+                              capture_output=True, text=True, timeout=120)
+    assert accepted.returncode == 0, accepted.stderr
 
 
 def test_an_installed_horovod_without_nccl_is_rebuilt_once_nccl_is_there(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ih, "probe_torch", lambda python: ("2.13.0", "13.0"))
     monkeypatch.setattr(ih, "find_nccl", lambda environ: {"HOROVOD_NCCL_INCLUDE": "/i", "HOROVOD_NCCL_LIB": "/l"})
+    monkeypatch.setattr(ih, "find_nvcc", lambda environ, sites: "/usr/local/cuda")
+    monkeypatch.setattr(ih, "gpu_compute_caps", lambda: ["9.0"])
     monkeypatch.setattr(ih, "installed_matches", lambda python, torch: True)
     checked = []
 
