@@ -6,8 +6,12 @@ never initialises Horovod or touches a CUDA device; only the workers do.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import cloudpickle
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import LaunchError, WorkerError
@@ -19,13 +23,17 @@ from hvdtrain.launcher.guard import (
     target,
     worker_pythonpath,
 )
+from hvdtrain.launcher.horovodrun import remove_quietly
+from hvdtrain.launcher.job_store import JobStore, serving
 from hvdtrain.launcher.main_guard import check_main_guard
-from hvdtrain.launcher.secrets import split_env
+from hvdtrain.launcher.sealed import KEY_VAR, SealedJob, new_key, seal
+from hvdtrain.launcher.secrets import split_env, write_secrets_file
 
 
 def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int = 2, hosts: str | None = None,
            all_ranks: bool = False, use_mpi: bool = False, network_interfaces: list[str] | None = None,
-           start_timeout: int = 120, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+           start_timeout: int = 120, env: dict[str, str] | None = None, secrets_dir: str | None = None,
+           **kwargs: Any) -> Any:
     """Run a function (or a config-driven fit) on `np` Horovod workers and return rank 0's result.
 
     Args:
@@ -40,8 +48,11 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
         network_interfaces: NICs for Horovod's traffic; default ["lo"] on localhost.
         start_timeout: seconds to wait for all workers to start.
         env: extra environment variables for the workers. Credential-like ones (secrets.is_credential),
-            here or in this process's environment, reach the workers inside the pickled job, never on
+            here or in this process's environment, reach the workers inside the sealed job, never on
             a command line; the rest go the way horovodrun sends its environment.
+        secrets_dir: folder of the launch's 0600 key file, which every worker reads at the same path
+            (sealed.py). Default: this host's temp folder when `hosts` is None, else the current folder
+            (where Horovod starts the remote workers): pass a folder all hosts share when that is not one.
     Returns:
         Rank 0's return value (for a TrainConfig: its History), or the list of all ranks' values.
     Raises:
@@ -58,7 +69,8 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
     check_main_guard("hvdtrain.launch")
     fn, args = target(fn_or_config, args, "launch")
     check_picklable(fn, args, kwargs)
-    if hosts is None:
+    localhost = hosts is None
+    if localhost:
         hosts = f"localhost:{np}"
         network_interfaces = network_interfaces or ["lo"]
 
@@ -68,12 +80,42 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
     pythonpath = worker_pythonpath((env or {}).get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
     # horovodrun (Gloo) writes its environment's values onto every worker's command line.
     public, secrets = split_env({**os.environ, **(env or {})})
+    # Horovod carries the job and the results through an unauthenticated HTTP store: both go sealed with a
+    # key of this launch, which reaches the workers in a 0600 file, never over the network (job_store.py).
+    key = new_key()
+    folder = Path(secrets_dir) if secrets_dir else Path(tempfile.gettempdir() if localhost else os.getcwd())
+    key_file = write_secrets_file({KEY_VAR: key.hex()}, folder.resolve())
+    job = SealedJob(str(key_file), seal(key, "job", cloudpickle.dumps(Guarded(fn, args, kwargs, secrets))))
+    store = JobStore(codec_body(job), key, np, host=_listen_address(network_interfaces))
     try:
-        with patched_environ({**public, "PYTHONPATH": pythonpath}, drop=set(os.environ) - set(public)):
-            results = horovod.runner.run(Guarded(fn, args, kwargs, secrets), num_proc=np, hosts=hosts,
-                                         use_gloo=not use_mpi, use_mpi=use_mpi,
+        with serving(store), patched_environ({**public, "PYTHONPATH": pythonpath}, drop=set(os.environ) - set(public)):
+            results = horovod.runner.run(job, num_proc=np, hosts=hosts, use_gloo=not use_mpi, use_mpi=use_mpi,
                                          network_interfaces=network_interfaces, start_timeout=start_timeout,
                                          disable_cache=True)
     except RuntimeError as err:  # a worker process died without returning (killed, os._exit, ...)
         raise WorkerError(f"a worker process died: {err}") from None
+    finally:
+        store.shutdown_server()
+        remove_quietly(key_file)
     return rank0_result(results, all_ranks)
+
+
+def codec_body(value: Any) -> bytes:
+    """`value` as Horovod's store holds it and its workers read it (horovod.runner.common.util.codec)."""
+    import base64
+    import pickle
+
+    return base64.b64encode(cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _listen_address(network_interfaces: list[str] | None) -> str:
+    """The IPv4 address of the one interface the job uses, as Horovod picks its driver address; '' (every
+    interface) when there are several or Horovod finds them itself."""
+    if not network_interfaces or len(network_interfaces) != 1:
+        return ""
+    from horovod.runner.util.network import get_driver_ip
+
+    try:
+        return str(get_driver_ip(network_interfaces))
+    except (KeyError, RuntimeError):
+        return ""   # Horovod says what is wrong with the interface

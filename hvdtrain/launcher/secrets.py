@@ -9,6 +9,10 @@ out of the environment they hand to Horovod and deliver them another way: inside
 (`launch()`, Spark) or in a 0600 file whose *path* is forwarded as HVDTRAIN_SECRETS_FILE
 (`hvdtrain launch`, `hvdtrain tune`); workers load that file before any user code runs.
 
+A credential is recognised by its variable's name (HF_TOKEN, DB_PASSWORD, AWS_*) or by the shape of its
+value, whatever the name (environment/credentials.py: a URL with a password such as
+`MLFLOW_TRACKING_URI=http://user:pw@host`, a connection string with an AccountKey, a token such as ghp_...).
+
 Nothing here imports Horovod; the calling process and the workers both use it.
 """
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hvdtrain.environment import process
+from hvdtrain.environment.credentials import looks_secret
 from hvdtrain.errors import LaunchError, UserError
 
 SECRETS_FILE_ENV = "HVDTRAIN_SECRETS_FILE"
@@ -42,13 +47,17 @@ LAUNCHER_ONLY = frozenset({"SSH_AUTH_SOCK", "SSH_AGENT_PID", "SSH_CONNECTION", "
                            "DBUS_SESSION_BUS_ADDRESS", "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "OLDPWD"})
 
 
-def is_credential(name: str) -> bool:
-    """Whether a variable's value should never appear on a command line.
+def is_credential(name: str, value: str | None = None) -> bool:
+    """Whether a variable's value should never appear on a command line: by its name, or by its value's shape.
 
     Example:
         >>> [is_credential(n) for n in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SESSION_ID", "KEYBOARD", "AWS_REGION")]
         [True, True, True, False, False]
+        >>> [is_credential("MLFLOW_TRACKING_URI", v) for v in ("http://u:pw@mlflow", "http://mlflow")]
+        [True, False]
     """
+    if value and looks_secret(value):
+        return True
     upper = name.upper()
     if upper in NEVER or upper in AWS_SETTINGS or upper.startswith("HOROVOD_"):
         return False
@@ -64,7 +73,7 @@ def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     for name, value in env.items():
         if name in LAUNCHER_ONLY:
             continue
-        (secret if is_credential(name) else public)[name] = value
+        (secret if is_credential(name, value) else public)[name] = value
     return public, secret
 
 
@@ -144,9 +153,9 @@ def leak_warning(environ: Mapping[str, str], loaded: list[str]) -> str | None:
     started = process.from_env(environ)
     if environ.get("HOROVOD_CONTROLLER") != "gloo" or started is None or started.launcher != "gloo":
         return None  # MPI passes names only (mpirun -x); schedulers set the environment directly
-    leaked = sorted(name for name in environ if is_credential(name) and name not in loaded)
+    leaked = sorted(name for name, value in environ.items() if is_credential(name, value) and name not in loaded)
     if not leaked:
         return None
     return (f"warning: {', '.join(leaked)} reached the workers on horovodrun's command line, readable in the "
             f"process list of every host; use `hvdtrain launch` instead of horovodrun, or pass them in a "
-            f"0600 file named by {SECRETS_FILE_ENV} (README: Credentials)")
+            f"0600 file named by {SECRETS_FILE_ENV} (docs/security.md)")

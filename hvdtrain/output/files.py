@@ -9,7 +9,7 @@ from typing import BinaryIO
 from hvdtrain.errors import UserError
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, mode: int = 0o644,
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, mode: int = 0o666,
                  before_replace: Callable[[], object] | None = None) -> Path:
     """Write `path` through `.NAME.tmp` beside it, fsync, rename, fsync the folder.
 
@@ -18,6 +18,8 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, mode:
 
     Args:
         write: called with the open binary temp file, e.g. `lambda f: torch.save(obj, f)`.
+        mode: permissions before the process umask takes its bits away, as `open()` does (umask 077 keeps a
+            run folder private); 0o600 for a file that holds a credential, whatever the umask.
         before_replace: for fault-injection tests, called between the write and the rename.
     Example:
         >>> atomic_write("runs/x/summary.json", lambda f: f.write(b"{}"))
@@ -25,11 +27,11 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, mode:
     final = Path(path)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
-        with open(tmp, "wb") as handle:
+        tmp.unlink(missing_ok=True)   # a crash's leftover would keep its own mode
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
         if before_replace is not None:
             before_replace()
         os.replace(tmp, final)
@@ -47,5 +49,5 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, mode:
     return final
 
 
-def write_text(path: str | Path, text: str, *, mode: int = 0o644) -> Path:
+def write_text(path: str | Path, text: str, *, mode: int = 0o666) -> Path:
     return atomic_write(path, lambda handle: handle.write(text.encode()), mode=mode)

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hvdtrain.environment.credentials import redact
+
 # MLflow retries a failed request 7 times with a doubling backoff and waits 120 s for an answer, so a
 # server that is down would be noticed after minutes. A training job wants to know in seconds; the user's
 # own settings win.
@@ -46,6 +48,10 @@ class MlflowSink:
         scheme, sep, rest = self.uri.partition("://")
         return f"{scheme}{sep}{rest.rpartition('@')[2]}"
 
+    def same_store(self, saved_uri: str) -> bool:
+        """Whether a tracking.json's uri (written redacted, user:***@) names this sink's store."""
+        return bool(saved_uri) and redact(saved_uri) == redact(self.uri)
+
     @property
     def where(self) -> str:
         return f"MLflow at {self.shown_uri}"
@@ -67,11 +73,12 @@ class MlflowSink:
             params = {k: v for k, v in params.items() if k not in known.data.params}
             said = f"continuing MLflow run {self.run_id}"
         else:
-            run = self.client.create_run(self.experiment_id(), tags=dict(tags), run_name=self.name)
+            run = self.client.create_run(self.experiment_id(), tags={k: redact(v) for k, v in tags.items()},
+                                         run_name=self.name)
             self.run_id = run.info.run_id
             self._remember()
             said = f"MLflow run {self.run_id}"
-        items = [Param(k, v) for k, v in params.items()]
+        items = [Param(k, redact(v)) for k, v in params.items()]   # a value may be a URI with a password
         for first in range(0, len(items), PARAMS_PER_CALL):
             self.client.log_batch(self.run_id, params=items[first:first + PARAMS_PER_CALL], synchronous=True)
         return f"{said} in {self.shown_uri} (experiment {self.experiment!r})"
@@ -115,7 +122,7 @@ class MlflowSink:
             saved = json.loads((self.run_dir / RUN_FILE).read_text())
         except (OSError, ValueError):
             return None
-        if saved.get("tracker") != "mlflow" or saved.get("uri") != self.uri or not saved.get("run_id"):
+        if saved.get("tracker") != "mlflow" or not self.same_store(saved.get("uri", "")) or not saved.get("run_id"):
             return None
         from mlflow.exceptions import MlflowException
 
@@ -125,9 +132,11 @@ class MlflowSink:
             return None
 
     def _remember(self) -> None:
-        """<run>/tracking.json: the run id for `--resume auto`, written whole (a crash leaves none or all)."""
+        """<run>/tracking.json: the run id for `--resume auto`, written whole (a crash leaves none or all).
+
+        The store's URI is written redacted: the file is uploaded with the run's files (`hvdtrain compress`)."""
         path = self.run_dir / RUN_FILE
         tmp = path.with_name(f".{RUN_FILE}.tmp")
-        tmp.write_text(json.dumps({"tracker": "mlflow", "uri": self.uri, "run_id": self.run_id,
+        tmp.write_text(json.dumps({"tracker": "mlflow", "uri": redact(self.uri), "run_id": self.run_id,
                                    "experiment": self.experiment, "created": time.time()}, indent=2) + "\n")
         os.replace(tmp, path)

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from hvdtrain.environment.credentials import redact
 from hvdtrain.errors import first_line
 from hvdtrain.tracking import context
 from hvdtrain.tracking.mlflow_sink import RUN_FILE, MlflowSink
@@ -45,7 +46,7 @@ def log_run(folder: Path, *, tracking: str, experiment: str, params: Mapping[str
         saved = json.loads((source / RUN_FILE).read_text()) if source else {}
     except (OSError, ValueError):
         saved = {}
-    if saved.get("uri") == sink.uri and saved.get("run_id"):
+    if sink.same_store(saved.get("uri", "")) and saved.get("run_id"):
         tags["hvdtrain.source_run_id"] = str(saved["run_id"])
     try:
         said = sink.open({k: v[:context.MAX_PARAM_CHARS] for k, v in params.items()}, tags)
@@ -58,7 +59,8 @@ def log_run(folder: Path, *, tracking: str, experiment: str, params: Mapping[str
         sink.client.log_artifacts(sink.run_id, str(folder))
         sink.client.set_terminated(sink.run_id, status="FINISHED")
     except Exception as err:  # any failure of a tracker is its own, never the work's
-        warn(f"tracking: cannot log {folder} to {sink.where} ({first_line(err)}); the results are in the folder")
+        warn(f"tracking: cannot log {folder} to {sink.where} ({redact(first_line(err))}); "
+             "the results are in the folder")
         return ""
     say(f"tracking: {said}")
     return sink.run_id

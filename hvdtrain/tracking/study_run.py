@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hvdtrain.environment.credentials import redact
 from hvdtrain.errors import first_line
 from hvdtrain.tracking import context
 from hvdtrain.tracking.mlflow_sink import RUN_FILE, MlflowSink
@@ -34,7 +35,8 @@ class StudyRun:
 
     @property
     def env(self) -> dict[str, str]:
-        """What a trial's job needs to log into the study's store, nested under its run."""
+        """What a trial's job needs to log into the study's store, nested under its run. A URI with a password is a
+        credential (launcher/secrets.py): the job runner sends it the way of the other credentials."""
         return {} if self.failed else {"MLFLOW_TRACKING_URI": self.sink.uri, context.PARENT_ENV: self.sink.run_id}
 
     def trial_done(self, trial: Any, run_path: Path) -> None:
@@ -43,13 +45,13 @@ class StudyRun:
             return
         client = self.sink.client
         try:
-            run_id = _run_id(run_path, self.sink.uri)
+            run_id = _run_id(run_path, self.sink)
             if not run_id:  # the job died before its tracker started: a run still records the trial
                 run = client.create_run(self.sink.experiment_id(), run_name=run_path.name,
                                         tags={"mlflow.parentRunId": self.sink.run_id})
                 run_id = run.info.run_id
                 for key, value in trial.params.items():
-                    client.log_param(run_id, key, str(value)[:context.MAX_PARAM_CHARS])
+                    client.log_param(run_id, key, redact(str(value))[:context.MAX_PARAM_CHARS])
                 client.set_terminated(run_id, status="FAILED")
             client.set_tag(run_id, "tune.trial", str(trial.number))
             client.set_tag(run_id, "tune.state", trial.state.name)
@@ -59,7 +61,7 @@ class StudyRun:
                 client.log_metric(run_id, f"tune/{self.metric}", float(trial.value))
                 client.log_metric(self.sink.run_id, f"tune/{self.metric}", float(trial.value), step=trial.number)
         except Exception as err:  # any failure of a tracker is its own, never the study's
-            self._fail(f"lost {self.sink.where} ({first_line(err)})")
+            self._fail(f"lost {self.sink.where} ({redact(first_line(err))})")
 
     def close(self, best: tuple[int, float] | None, files: Sequence[Path], status: str = "FINISHED") -> None:
         """The best trial (number, value) and the study's files on the parent run, then end it."""
@@ -71,7 +73,7 @@ class StudyRun:
                 self.sink.client.log_metric(self.sink.run_id, f"tune/best_{self.metric}", float(best[1]))
             self.sink.close([path for path in files if path.exists()], status)
         except Exception as err:
-            self._fail(f"lost {self.sink.where} ({first_line(err)})")
+            self._fail(f"lost {self.sink.where} ({redact(first_line(err))})")
 
     def _fail(self, why: str) -> None:
         self.failed = True
@@ -102,16 +104,16 @@ def start(folder: Path, *, study: str, metric: str, tracking: str, experiment: s
         said = sink.open({key: str(value)[:context.MAX_PARAM_CHARS] for key, value in params.items()},
                          {"hvdtrain.kind": "tune study", "tune.study": study, "tune.dir": str(folder)})
     except Exception as err:
-        warn(f"tracking: cannot log the study to {sink.where} ({first_line(err)}); it goes on untracked")
+        warn(f"tracking: cannot log the study to {sink.where} ({redact(first_line(err))}); it goes on untracked")
         return None
     say(f"tune: tracking: {said}")
     return StudyRun(sink, metric, warn)
 
 
-def _run_id(run_path: Path, uri: str) -> str:
+def _run_id(run_path: Path, sink: MlflowSink) -> str:
     """The run a trial's job created in this store (its <run>/tracking.json), or ''."""
     try:
         saved = json.loads((run_path / RUN_FILE).read_text())
     except (OSError, ValueError):
         return ""
-    return str(saved.get("run_id", "")) if saved.get("uri") == uri else ""
+    return str(saved.get("run_id", "")) if sink.same_store(saved.get("uri", "")) else ""

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from hvdtrain.environment.credentials import redact
 from hvdtrain.tracking import wandb_files
 from hvdtrain.tracking.mlflow_sink import RUN_FILE
 
@@ -50,7 +51,8 @@ class WandbSink:
         # console="off": hvdtrain's own lines stay as they are (no wrapping of stdout in a Horovod job).
         self.run = wandb.init(project=self.project, name=self.run_dir.name, id=self.run_id, dir=str(self.run_dir),
                               mode=cast(Any, self.mode), resume="allow" if self.resumed else None,
-                              config={**params, "hvdtrain": dict(tags)},
+                              config={**{k: redact(v) for k, v in params.items()},
+                                      "hvdtrain": {k: redact(v) for k, v in tags.items()}},
                               settings=wandb.Settings(silent=True, console="off"))
         if not self.resumed:
             self._remember()

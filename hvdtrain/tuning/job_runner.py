@@ -72,10 +72,11 @@ def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress:
         >>> run_jobs(open_study(settings), load_space("space.yaml"), load_config("base.yaml"), Progress(settings))
     """
     settings = study.settings
-    # Credentials reach the workers in a 0600 file beside the trials' run dirs, never on a command line.
-    env, secrets_file, _ = worker_env(os.environ, Path(settings.dir).resolve())
+    # Credentials reach the workers in a 0600 file beside the trials' run dirs, never on a command line; the
+    # study's store URI is split with them (one with a password is a credential).
+    env, secrets_file, _ = worker_env({**os.environ, **(tracked.env if tracked else {})}, Path(settings.dir).resolve())
     try:
-        _run_all(study, space, base, progress, {**env, **(tracked.env if tracked else {})}, tracked)
+        _run_all(study, space, base, progress, env, tracked)
     finally:
         remove_quietly(secrets_file)
 

@@ -1,0 +1,214 @@
+"""The store `hvdtrain.launch()` puts in place of Horovod's KVStoreServer: it serves the sealed job and
+takes back only results sealed with the launch's key.
+
+Horovod 0.28.1's `horovod.runner.run` (launch.py, `_run_static`) starts a KVStoreServer, an HTTP server on
+every interface that stores whatever anyone PUTs and serves it to whoever GETs: the driver PUTs the
+pickled job at /runfunc/func, every worker (`python -m horovod.runner.run_task ADDR PORT`) GETs and
+unpickles it, and PUTs its pickled result at /runfunc_result/RANK, which the driver GETs and unpickles.
+Anyone who reaches that port could read the job (its credentials included) or PUT a pickle that the
+workers or the launcher would unpickle: code execution on either.
+
+In its place, for the length of one launch (`serving()`), this store:
+- serves one thing, GET /runfunc/func: a pickled `SealedJob` (a file path and ciphertext);
+- refuses (403) every PUT but /runfunc_result/RANK for a rank of the job, once, whose body is the pickle
+  of one `bytes` object (checked by reading the pickle's opcodes, never by unpickling it) that opens with
+  the launch's key as that rank's result;
+- keeps the accepted results in this process: the launcher's own reads come from here, not over HTTP;
+- listens on the address of the job's network interface when it is known (127.0.0.1 on one machine).
+
+The driver's own PUT and GETs are redirected in-process by patching three names of `horovod.runner.launch`;
+`serving()` checks that `_run_static` still uses them and fails loudly when a Horovod release changes that.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import pickletools
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import cloudpickle
+
+from hvdtrain.errors import LaunchError
+from hvdtrain.launcher.sealed import result_purpose, unseal
+
+JOB_PATH = "/runfunc/func"
+RESULT_SCOPE = "/runfunc_result/"
+REQUEST_TIMEOUT_S = 10
+# The names of horovod.runner.launch that _run_static calls for a function job (Horovod 0.28.1).
+_PATCHED = ("KVStoreServer", "put_data_into_kvstore", "read_data_from_kvstore")
+# Opcodes of `pickle.dumps(some_bytes)` at protocol 3 to 5: nothing that imports, calls or builds objects.
+_BYTES_OPS = {"PROTO", "FRAME", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "MEMOIZE", "STOP"}
+_one_launch = threading.Lock()
+
+
+def bytes_of_pickle(data: bytes) -> bytes:
+    """The one bytes object a pickle holds, read from its opcodes without unpickling; ValueError otherwise."""
+    found: list[bytes] = []
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name not in _BYTES_OPS:
+                raise ValueError(f"pickle opcode {op.name} where only bytes are expected")
+            if isinstance(arg, bytes):
+                found.append(arg)
+    except ValueError:
+        raise
+    except Exception as err:   # truncated or corrupt: genops raises assorted errors
+        raise ValueError(f"not a pickle: {err}") from None
+    if len(found) != 1:
+        raise ValueError("expected the pickle of one bytes object")
+    return found[0]
+
+
+class JobStore:
+    """One launch's store. `start_server()` / `shutdown_server()` as Horovod's KVStoreServer has them.
+
+    Args:
+        job_body: what GET /runfunc/func answers: base64 of the pickled SealedJob (as Horovod's codec writes).
+        key: the launch's key; num_proc: the job's ranks; host: the address to listen on ('' = every one).
+    """
+
+    def __init__(self, job_body: bytes, key: bytes, num_proc: int, host: str = "") -> None:
+        self.job_body = job_body
+        self.key = key
+        self.num_proc = num_proc
+        self.host = host
+        self.results: dict[int, bytes] = {}
+        self.refused: list[str] = []   # "METHOD path from ADDR" of each refused request
+        self.lock = threading.Lock()
+        self.httpd: ThreadingHTTPServer | None = None
+
+    def start_server(self) -> int:
+        store = self
+
+        class Handler(_Handler):
+            owner = store
+
+        self.httpd = ThreadingHTTPServer((self.host, 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, name="hvdtrain-job-store", daemon=True).start()
+        return int(self.httpd.server_address[1])
+
+    def shutdown_server(self) -> None:
+        """Stop listening (again: a no-op)."""
+        httpd, self.httpd = self.httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+
+    def accept(self, path: str, body: bytes) -> bool:
+        """Whether a worker's PUT is a sealed result of a rank not yet in; it is kept when it is."""
+        rank_text = path[len(RESULT_SCOPE):] if path.startswith(RESULT_SCOPE) else ""
+        if not rank_text.isdigit() or not 0 <= int(rank_text) < self.num_proc:
+            return False
+        rank = int(rank_text)
+        try:
+            sealed = bytes_of_pickle(base64.b64decode(body, validate=True))
+            opened = unseal(self.key, result_purpose(rank), sealed)
+        except (ValueError, binascii.Error):   # sealed.Forged is a ValueError
+            return False
+        with self.lock:
+            if rank in self.results:
+                return False
+            self.results[rank] = opened
+        return True
+
+    def result(self, rank: int) -> Any:
+        """Rank's return value (unpickled here: it was sealed with the launch's key); RuntimeError if none came,
+        as Horovod's own read raises."""
+        with self.lock:
+            opened = self.results.get(rank)
+        if opened is None:
+            raise RuntimeError(f"rank {rank} sent no result")
+        return cloudpickle.loads(opened)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: JobStore
+    timeout = REQUEST_TIMEOUT_S
+
+    def do_GET(self) -> None:   # noqa: N802 - http.server's naming
+        if self.path == JOB_PATH:
+            self._answer(200, self.owner.job_body)
+        else:
+            self._answer(404)
+
+    def do_PUT(self) -> None:   # noqa: N802
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            length = -1
+        # Read the body only where a result may come; anything else is refused unread.
+        wanted = self.path.startswith(RESULT_SCOPE) and length >= 0
+        body = self.rfile.read(length) if wanted else b""
+        if wanted and self.owner.accept(self.path, body):
+            self._answer(200)
+        else:
+            self.owner.refused.append(f"PUT {self.path[:80]} from {self.client_address[0]}")
+            self._answer(403)
+            self.close_connection = True
+
+    def _answer(self, status: int, body: bytes = b"") -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:   # noqa: A002 - http.server's signature
+        pass
+
+
+def _check_horovod(launch_module: Any) -> None:
+    code = getattr(getattr(launch_module, "_run_static", None), "__code__", None)
+    uses = set(code.co_names) if code is not None else set()
+    missing = [name for name in _PATCHED if name not in uses or not hasattr(launch_module, name)]
+    if missing:
+        import horovod
+
+        raise LaunchError(f"hvdtrain.launch() was written for Horovod 0.28.1's launcher; this Horovod "
+                          f"({getattr(horovod, '__version__', '?')}) no longer calls {', '.join(missing)} in "
+                          "horovod.runner.launch._run_static, so its job store cannot be replaced: not launching "
+                          "with an unauthenticated one (use `hvdtrain launch` instead)")
+
+
+@contextmanager
+def serving(store: JobStore) -> Iterator[None]:
+    """Inside: `horovod.runner.run` of a function uses `store`, its job and its results, in this process.
+
+    One launch at a time per process (a second waits): the patch is on Horovod's module.
+    """
+    import horovod.runner.launch as launch_module
+
+    _check_horovod(launch_module)
+
+    def put(addr: str, port: int, scope: str, key: str, value: Any) -> None:
+        if (scope, key) != ("runfunc", "func"):
+            raise RuntimeError(f"unexpected put of {scope}/{key} by Horovod's launcher")
+        if addr != store.host and store.host:
+            raise LaunchError(f"Horovod sends the workers to {addr}, but the job store listens on {store.host}; "
+                              "name the interface with network_interfaces=[...]")
+        # The store serves the SealedJob; Horovod's own pickle of it (in a closure) is not needed.
+
+    def read(addr: str, port: int, scope: str, key: str) -> Any:
+        if scope != "runfunc_result":
+            raise RuntimeError(f"unexpected read of {scope}/{key} by Horovod's launcher")
+        return store.result(int(key))
+
+    with _one_launch:
+        saved = {name: getattr(launch_module, name) for name in _PATCHED}
+        launch_module.KVStoreServer = lambda verbose=0: store
+        launch_module.put_data_into_kvstore = put
+        launch_module.read_data_from_kvstore = read
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(launch_module, name, value)
+            if store.refused:
+                sys.stderr.write(f"hvdtrain: warning: launch(): refused {len(store.refused)} request(s) to the job "
+                                 f"store that were not this launch's, the first: {store.refused[0]}\n")
