@@ -42,7 +42,8 @@ REQUEST_TIMEOUT_S = 10
 # The names of horovod.runner.launch that _run_static calls for a function job (Horovod 0.28.1).
 _PATCHED = ("KVStoreServer", "put_data_into_kvstore", "read_data_from_kvstore")
 # Opcodes of `pickle.dumps(some_bytes)` at protocol 3 to 5: nothing that imports, calls or builds objects.
-_BYTES_OPS = {"PROTO", "FRAME", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "MEMOIZE", "STOP"}
+_BYTES_OPS = {"PROTO", "FRAME", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "MEMOIZE", "BINPUT", "LONG_BINPUT",
+              "STOP"}
 _one_launch = threading.Lock()
 
 
