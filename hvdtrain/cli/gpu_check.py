@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hvdtrain.cli.gpu_verdicts import gpu_facts, no_device_message
+
 STEP_TIMEOUT_S = 150
 SMALL = ["--dataset", "synthetic", "--synthetic-samples", "512", "--synthetic-shape", "1,8,8", "--model", "cnn",
          "--epochs", "1", "--max-steps", "8", "--log-interval", "4", "--device", "cuda"]
@@ -54,9 +56,7 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("hvdtrain: error: no CUDA device (torch "
-              f"{torch.__version__}{', CUDA ' + torch.version.cuda if torch.version.cuda else ', CPU build'}): "
-              "doctor --gpu needs GPUs and a CUDA torch", file=sys.stderr)
+        print(no_device_message(torch.__version__, torch.version.cuda, gpu_facts()), file=sys.stderr)
         return 1
     run_dir = Path(tempfile.mkdtemp(prefix="hvdtrain-gpu-check-"))
     print(f"{'path':<40} {'result':<8} seconds")

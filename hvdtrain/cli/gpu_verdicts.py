@@ -56,6 +56,21 @@ def gpu_problems(info: dict[str, Any]) -> list[str]:
     return problems
 
 
+def no_device_message(torch_version: str, cuda: str | None, facts: dict[str, Any]) -> str:
+    """`doctor --gpu`'s one line when torch sees no GPU, with the reason when nvidia-smi knows one (a driver too
+    old for torch's CUDA is the usual one on a GPU host).
+
+    Example:
+        >>> line = no_device_message("2.13.0", "13.0", {"smi_gpus": 1, "driver": "535.1"})
+        >>> "driver 535.1 is too old for CUDA 13.0" in line
+        True
+    """
+    build = f", CUDA {cuda}" if cuda else ", CPU build"
+    problems = gpu_problems({"cuda": cuda, "gpus": 0, **facts})
+    reason = problems[0] if problems else "doctor --gpu needs GPUs and a CUDA torch"
+    return f"hvdtrain: error: no CUDA device (torch {torch_version}{build}): {reason}"
+
+
 def gpu_facts(timeout: float = 10.0) -> dict[str, Any]:
     """nvidia-smi's GPU count and driver, and nvcc's CUDA release; None where the tool is absent."""
     facts: dict[str, Any] = {"smi_gpus": None, "driver": None, "nvcc": None}

@@ -12,6 +12,10 @@ import os
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 
+# Set by launchers that know where each worker's own GPUs start in its CUDA_VISIBLE_DEVICES (hvdtrain.ray);
+# train/device.py reads it.
+FIRST_GPU_ENV = "HVDTRAIN_FIRST_GPU"
+
 
 @dataclass(frozen=True)
 class Process:

@@ -55,8 +55,11 @@ def balanced_split(sizes: Sequence[int], k: int) -> list[int]:
     return counts
 
 
-def assign_devices(local_rank: int, local_size: int, stages: int, visible: int) -> list[int]:
+def assign_devices(local_rank: int, local_size: int, stages: int, visible: int, own_view: bool = False) -> list[int]:
     """The GPU indices one worker owns: `local_rank*stages ... local_rank*stages+stages-1`, never shared.
+
+    With `own_view` (one process per GPU: Slurm's --gpus-per-task, a container per GPU; each worker sees
+    only GPUs no other worker on its host sees) a worker owns its first `stages` visible GPUs.
 
     NCCL refuses two ranks on one GPU ("Duplicate GPU detected") at its first collective, so a host
     with fewer visible GPUs than workers x stages is a one-line UserError here, before any collective.
@@ -71,7 +74,11 @@ def assign_devices(local_rank: int, local_size: int, stages: int, visible: int) 
     Example:
         >>> assign_devices(1, 2, 2, visible=4)
         [2, 3]
+        >>> assign_devices(3, 4, 1, visible=1, own_view=True)
+        [0]
     """
+    if own_view:
+        local_rank, local_size = 0, 1
     need = local_size * stages
     if need > visible:
         most = visible // stages
@@ -80,6 +87,9 @@ def assign_devices(local_rank: int, local_size: int, stages: int, visible: int) 
                  f"at most {most} worker{'s' * (most != 1)} per host (horovodrun -np {most} ...)" if most else "",
                  "--device cpu"]
         gpus = f"{visible} GPU{'s' * (visible != 1)}"
+        if own_view:
+            raise UserError(f"--stages {stages} needs {stages} GPUs per worker but this worker sees {visible}; "
+                            f"give each worker {stages} GPUs (srun --gpus-per-task={stages}) or use fewer --stages")
         raise UserError(f"{local_size} worker{'s' * (local_size != 1)} on this host"
                         + (f" x {stages} stages need {need} GPUs but {gpus} visible" if stages > 1
                            else f" but {gpus} visible") + ": use " + " or ".join(f for f in fixes if f))
@@ -171,6 +181,13 @@ def place(model: nn.Module, device: torch.device, *, local_rank: int, local_size
         stages = len(model)
     if stages == 1:
         return model.to(device)
-    visible = torch.cuda.device_count() if device.type == "cuda" else 0
-    devices = stage_devices(device.type, local_rank, local_size, stages, visible)
+    if device.type == "cuda":
+        # The first stage's GPU was chosen by pick_device (shared or own view); the rest follow it.
+        first = device.index or 0
+        if first + stages > torch.cuda.device_count():
+            raise UserError(f"--stages {stages} from GPU {first} needs GPUs up to {first + stages - 1} but "
+                            f"{torch.cuda.device_count()} are visible; use fewer --stages or workers per host")
+        devices = [torch.device("cuda", first + i) for i in range(stages)]
+    else:
+        devices = [torch.device("cpu")] * stages
     return Pipeline(model, devices, split=split, micro_batches=micro_batches)

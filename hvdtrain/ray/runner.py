@@ -17,10 +17,20 @@ from collections.abc import Callable
 from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.environment.process import FIRST_GPU_ENV
 from hvdtrain.errors import LaunchError, UserError, WorkerError, first_line
 from hvdtrain.launcher.guard import Failure, Guarded, check_picklable, rank0_result, target, worker_pythonpath
 from hvdtrain.launcher.secrets import split_env
-from hvdtrain.ray.worker import STRATEGIES, Rendezvous, Slot, Worker, horovod_env, plan, visible_devices
+from hvdtrain.ray.worker import (
+    STRATEGIES,
+    Rendezvous,
+    Slot,
+    Worker,
+    first_gpus,
+    horovod_env,
+    plan,
+    visible_devices,
+)
 
 # After one rank failed, how long the others get to report (their own error, or that a peer went away).
 FAILURE_GRACE_S = 30
@@ -179,9 +189,11 @@ def _run(ray: Any, job: Guarded, n: int, resources: dict[str, int], strategy: st
             raise LaunchError(f"Ray placed the workers but did not start their actors within {start_timeout} s "
                               "(a node short of memory, or a runtime_env still installing?); see `ray status` "
                               "and the nodes' logs, or raise start_timeout") from None
-        devices = visible_devices(slots, {s.rank: d["gpus"] for s, d in zip(slots, described, strict=True)})
+        gpus = {s.rank: d["gpus"] for s, d in zip(slots, described, strict=True)}
+        devices, firsts = visible_devices(slots, gpus), first_gpus(slots, gpus)
         refs = {worker.run.remote({**horovod_env(s, rendezvous, d["iface"]),
-                                   **({"CUDA_VISIBLE_DEVICES": devices[s.rank]} if s.rank in devices else {})},
+                                   **({"CUDA_VISIBLE_DEVICES": devices[s.rank], FIRST_GPU_ENV: firsts[s.rank]}
+                                      if s.rank in devices else {})},
                                   job): s
                 for worker, s, d in zip(workers, slots, described, strict=True)}
         return _collect(ray, refs)

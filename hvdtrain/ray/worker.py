@@ -86,6 +86,26 @@ def visible_devices(slots: Sequence[Slot], gpu_ids: dict[int, list[str]]) -> dic
     return {s.rank: ",".join(by_node[s.node_id]) for s in slots if by_node[s.node_id]}
 
 
+def first_gpus(slots: Sequence[Slot], gpu_ids: dict[int, list[str]]) -> dict[int, str]:
+    """FIRST_GPU_ENV per rank: where its own GPUs start in its node's CUDA_VISIBLE_DEVICES (visible_devices).
+
+    With gpus_per_worker > --stages, local_rank*stages would land on another actor's GPU; this index does not.
+
+    Example:
+        >>> s = plan(["n", "n"], {})
+        >>> first_gpus(s, {0: ["3", "4"], 1: ["1", "2"]})
+        {0: '0', 1: '2'}
+    """
+    offsets: dict[int, str] = {}
+    taken: dict[str, int] = {}
+    for slot in sorted(slots, key=lambda s: s.local_rank):
+        own = gpu_ids.get(slot.rank, [])
+        if own:
+            offsets[slot.rank] = str(taken.get(slot.node_id, 0))
+        taken[slot.node_id] = taken.get(slot.node_id, 0) + len(own)
+    return offsets
+
+
 def iface_of(address: str) -> str:
     """The network interface that holds `address` (Gloo binds to an interface by name), else "lo"."""
     import psutil  # a dependency of Ray

@@ -2,16 +2,22 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import torch
 
+from hvdtrain.distributed import collectives
+from hvdtrain.environment.process import FIRST_GPU_ENV
 from hvdtrain.errors import UserError
 from hvdtrain.models.pipeline import assign_devices
 
 
-def pick_device(choice: str, local_rank: int, *, local_size: int = 1, stages: int = 1) -> torch.device:
+def pick_device(choice: str, local_rank: int, *, local_size: int = 1, stages: int = 1,
+                views: list[tuple[str, list[str]]] | None = None) -> torch.device:
     """This worker's first device; with CUDA, pinned as the current device. `--device cpu` never starts CUDA.
 
+    `views` is every rank's (host, visible GPU ids), gathered here when None: where the workers of a host
+    see disjoint GPUs (one process per GPU) each takes its own first GPU, else its share by local rank.
     Raises a one-line UserError when this host's workers x stages outnumber its visible GPUs: NCCL
     would otherwise abort at the first broadcast ("Duplicate GPU detected").
     """
@@ -19,8 +25,20 @@ def pick_device(choice: str, local_rank: int, *, local_size: int = 1, stages: in
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise UserError("device cuda was asked for but torch sees no CUDA device; use --device cpu")
-    # Horovod: one GPU per worker (K with --stages K), chosen by its rank on this host, never shared.
-    first = assign_devices(local_rank, local_size, stages, torch.cuda.device_count())[0]
+    visible = torch.cuda.device_count()
+    if views is None:
+        # Horovod: every rank on a CUDA path says which GPUs it sees, to tell one-process-per-GPU layouts apart.
+        views = collectives.allgather_object((socket.gethostname(), gpu_ids(visible)), name="hvdtrain.gpu_views")
+    own = own_gpu_view(views, socket.gethostname())
+    given = os.environ.get(FIRST_GPU_ENV, "")
+    if given.isdigit():
+        first = int(given)
+        if first + stages > visible:
+            raise UserError(f"{FIRST_GPU_ENV}={given} with --stages {stages} needs {first + stages} visible GPUs but "
+                            f"{visible} are visible; give each worker at least {stages} GPUs")
+    else:
+        # Horovod: one GPU per worker (K with --stages K), chosen by its rank on this host, never shared.
+        first = assign_devices(local_rank, local_size, stages, visible, own_view=own)[0]
     torch.cuda.set_device(first)
     return torch.device("cuda", first)
 
@@ -35,3 +53,28 @@ def threads_per_worker(workers_on_host: int, cpu_count: int | None = None) -> in
     """
     cores = os.cpu_count() if cpu_count is None else cpu_count
     return max(1, (cores or 1) // max(1, workers_on_host))
+
+
+def gpu_ids(visible: int) -> list[str]:
+    """Ids of the GPUs this process sees that are the same in every process (UUIDs, else PCI bus ids)."""
+    ids = []
+    for index in range(visible):
+        props = torch.cuda.get_device_properties(index)
+        uuid = getattr(props, "uuid", None)
+        ids.append(str(uuid) if uuid is not None else f"pci:{props.pci_domain_id}:{props.pci_bus_id}")
+    return ids
+
+
+def own_gpu_view(views: list[tuple[str, list[str]]], host: str) -> bool:
+    """Whether the workers on `host` each see GPUs no other of them sees (Slurm --gpus-per-task=1, a
+    container per GPU): then each takes its own first GPU instead of the local_rank-th.
+
+    Example:
+        >>> own_gpu_view([("n1", ["GPU-a"]), ("n1", ["GPU-b"]), ("n2", ["GPU-a"])], "n1")
+        True
+        >>> own_gpu_view([("n1", ["GPU-a", "GPU-b"]), ("n1", ["GPU-a", "GPU-b"])], "n1")
+        False
+    """
+    mine = [ids for name, ids in views if name == host]
+    seen = [gpu for ids in mine for gpu in ids]
+    return len(mine) > 1 and bool(seen) and len(seen) == len(set(seen))

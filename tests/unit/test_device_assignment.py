@@ -3,6 +3,8 @@ NCCL abort ("Duplicate GPU detected"). The placement is a pure function of local
 the visible GPU count, so it is tested here without a GPU."""
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
 
@@ -53,20 +55,43 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "set_device", self.pinned.append)
 
 
+HOST = socket.gethostname()
+
+
 def test_pick_device_on_a_one_gpu_host_with_two_ranks_refuses_before_pinning(monkeypatch):
     cuda = FakeCuda(1)
     cuda.install(monkeypatch)
     for choice in ("auto", "cuda"):
         with pytest.raises(UserError, match=r"^2 workers on this host but 1 GPU visible: .* or --device cpu$"):
-            device.pick_device(choice, 1, local_size=2)
+            device.pick_device(choice, 1, local_size=2, views=[(HOST, ["GPU-a"]), (HOST, ["GPU-a"])])
     assert cuda.pinned == []  # nothing touched the GPU: the error comes before Horovod's first collective
 
 
 def test_pick_device_pins_the_first_stage_gpu(monkeypatch):
     cuda = FakeCuda(4)
     cuda.install(monkeypatch)
-    assert device.pick_device("auto", 1, local_size=2, stages=2) == torch.device("cuda", 2)
+    views = [(HOST, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"])] * 2
+    assert device.pick_device("auto", 1, local_size=2, stages=2, views=views) == torch.device("cuda", 2)
     assert cuda.pinned == [2]
+
+
+def test_one_process_per_gpu_takes_its_own_gpu(monkeypatch):
+    """Slurm --gpus-per-task=1 (or a container per GPU): 4 ranks on a host, each seeing one different GPU."""
+    cuda = FakeCuda(1)
+    cuda.install(monkeypatch)
+    views = [(HOST, [f"GPU-{r}"]) for r in range(4)] + [("other-host", ["GPU-0"])]
+    assert device.pick_device("cuda", 3, local_size=4, views=views) == torch.device("cuda", 0)
+    assert cuda.pinned == [0]
+    with pytest.raises(UserError, match=r"^--stages 2 needs 2 GPUs per worker but this worker sees 1; "):
+        device.pick_device("cuda", 3, local_size=4, stages=2, views=views)
+
+
+def test_a_shared_view_is_not_mistaken_for_an_own_one():
+    assert not device.own_gpu_view([(HOST, ["GPU-a"]), (HOST, ["GPU-a"])], HOST)   # two ranks, one GPU: refused later
+    assert not device.own_gpu_view([(HOST, ["GPU-a"])], HOST)                       # alone on its host
+    assert not device.own_gpu_view([(HOST, []), (HOST, [])], HOST)
+    assert device.own_gpu_view([(HOST, ["GPU-a", "GPU-b"]), (HOST, ["GPU-c", "GPU-d"])], HOST)
+    assert device.assign_devices(1, 2, 2, visible=2, own_view=True) == [0, 1]
 
 
 def test_device_cpu_never_asks_cuda(monkeypatch):
@@ -76,3 +101,14 @@ def test_device_cpu_never_asks_cuda(monkeypatch):
     for name in ("is_available", "device_count", "set_device", "init"):
         monkeypatch.setattr(torch.cuda, name, boom)
     assert device.pick_device("cpu", 3, local_size=4, stages=2) == torch.device("cpu")
+
+
+def test_a_launchers_first_gpu_wins_over_the_local_rank_share(monkeypatch):
+    """hvdtrain.ray with gpus_per_worker=2, --stages 1: rank 1's own GPUs start at index 2, not 1."""
+    cuda = FakeCuda(4)
+    cuda.install(monkeypatch)
+    monkeypatch.setenv("HVDTRAIN_FIRST_GPU", "2")
+    views = [(HOST, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"])] * 2
+    assert device.pick_device("cuda", 1, local_size=2, views=views) == torch.device("cuda", 2)
+    with pytest.raises(UserError, match=r"^HVDTRAIN_FIRST_GPU=2 with --stages 3 needs 5 visible GPUs but 4"):
+        device.pick_device("cuda", 1, local_size=2, stages=3, views=views)

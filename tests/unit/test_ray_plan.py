@@ -8,7 +8,7 @@ import pytest
 import hvdtrain.ray.elastic
 import hvdtrain.ray.worker
 from hvdtrain.ray.elastic import node_slots, slot_env
-from hvdtrain.ray.worker import horovod_env, iface_of, plan, visible_devices
+from hvdtrain.ray.worker import first_gpus, horovod_env, iface_of, plan, visible_devices
 
 
 def test_doctests():
@@ -75,3 +75,12 @@ def test_each_worker_sees_its_nodes_gpus_with_its_own_at_its_local_rank():
 
 def test_the_interface_holding_an_address():
     assert iface_of("127.0.0.1") == "lo"
+
+
+def test_each_actor_starts_at_its_own_gpus_when_it_holds_more_than_its_stages():
+    """gpus_per_worker=2 with --stages 1: local_rank*stages would be index 1, the first actor's second GPU."""
+    slots = plan(["n", "n", "m"], {})
+    gpus = {0: ["3", "4"], 1: ["1", "2"], 2: ["0", "7"]}
+    assert visible_devices(slots, gpus) == {0: "3,4,1,2", 1: "3,4,1,2", 2: "0,7"}
+    assert first_gpus(slots, gpus) == {0: "0", 1: "2", 2: "0"}
+    assert first_gpus(slots, {0: [], 1: [], 2: []}) == {}
