@@ -1,6 +1,8 @@
 """SyncBatchNorm: BatchNorm statistics over the global batch, on CPU as well as CUDA."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -25,29 +27,51 @@ def convert_sync_bn(module: torch.nn.Module, name: str = "") -> torch.nn.Module:
     return module
 
 
-class SyncBatchNorm(hvd.SyncBatchNorm if hvd is not None else _BatchNorm):  # type: ignore[misc]
-    """Horovod's SyncBatchNorm, extended to CPU tensors (Horovod's own kernels are CUDA-only).
+class _SumOverRanks(torch.autograd.Function):
+    """A differentiable sum over ranks whose forward AND backward allreduces carry the layer's own name.
 
-    On CPU the training-mode statistics are per-channel sums allreduced with Horovod's differentiable
-    allreduce, whose backward sums the statistics' gradients across workers too: forward and backward
-    equal one BatchNorm over the global batch. Cost: one small allreduce per layer in forward and one in
-    backward. Eval mode and a single worker run plain BatchNorm.
+    Horovod's differentiable allreduce names its backward op by a per-process counter, and its CUDA
+    SyncBatchNorm uses one fixed set of names for every layer. With --stages K the autograd engine runs each
+    GPU's backward in its own thread, so two layers' ops can be submitted at once, in a different order on
+    each rank: fixed or counted names then pair different layers' tensors. Per-layer names cannot.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str) -> torch.Tensor:  # type: ignore[override]
+        ctx.name = name
+        return hvd.allreduce(tensor, op=hvd.Sum, name=f"{name}.forward")
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return hvd.allreduce(grad, op=hvd.Sum, name=f"{ctx.name}.backward"), None
+
+
+class SyncBatchNorm(_BatchNorm):
+    """BatchNorm over the global batch, on CPU and CUDA alike, with per-layer allreduce names.
+
+    The training-mode statistics are per-channel sums allreduced by `_SumOverRanks`, whose backward sums
+    the statistics' gradients across workers too: forward and backward equal one BatchNorm over the global
+    batch. Cost: one small allreduce per layer in forward and one in backward. Eval mode and a single
+    worker run plain BatchNorm. (Horovod's own SyncBatchNorm is CUDA-only and names every layer's ops
+    alike, which pipeline stages in threads can mix up: see `_SumOverRanks`.)
     """
 
     allreduce_name = "sync_bn"
 
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if input.is_cuda:
-            return super().forward(input)  # Horovod's CUDA implementation
         if not self.training or hvd.size() == 1:
             return _BatchNorm.forward(self, input)
         self._check_input_dim(input)
         channels, dims = input.shape[1], [0, *range(2, input.dim())]
         wide = input.to(torch.float64)  # float64 sums: E[x^2] - E[x]^2 without cancellation trouble
         local = torch.cat([wide.sum(dims), (wide * wide).sum(dims),
-                           torch.tensor([input.numel() / channels], dtype=torch.float64)])
+                           torch.tensor([input.numel() / channels], dtype=torch.float64, device=input.device)])
         # Horovod: global sums, identical on every rank, so running statistics stay identical too.
-        total = hvd.allreduce(local, op=hvd.Sum, name=self.allreduce_name)
+        total = _SumOverRanks.apply(local.to(input.device), self.allreduce_name)
         count = total[-1]
         mean = total[:channels] / count
         var = total[channels:2 * channels] / count - mean * mean
