@@ -43,6 +43,9 @@ def init(settings: dict[str, str] | None = None) -> World:
             raise UserError(f"Horovod is already running in this process, so {', '.join(late)} cannot take "
                             "effect (read once at start); use a new process or notebook kernel")
     else:
+        # CUDA's default numbering (fastest first) differs from NVML's, Slurm's and nvidia-smi's (PCI bus order):
+        # one order everywhere, unless the user chose one or CUDA is already running (then it is too late).
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         os.environ.update(mpi_defaults(os.environ))  # Open MPI reads these in MPI_Init, inside h.init()
         os.environ.update(settings)  # Horovod's core reads these once, inside init()
         os.environ.update(gloo_defaults(os.environ))  # after the config's settings: autotune wins

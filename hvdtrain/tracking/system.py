@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from hvdtrain.environment import process
 from hvdtrain.tracking import context
@@ -28,8 +29,79 @@ def host_name() -> str:
     return re.sub(r"[^\w.-]+", "_", socket.gethostname()) or "host"
 
 
-def sample() -> dict[str, float]:
-    """One reading of this host: CPU % since the last call, memory, and each GPU when pynvml is installed.
+def visible_gpus(environ: Mapping[str, str], count: int, uuid_of: Callable[[int], str]) -> list[tuple[int, int]]:
+    """(CUDA index in this process, NVML index) of each GPU this process sees.
+
+    NVML numbers every GPU of the host in PCI bus order and ignores CUDA_VISIBLE_DEVICES; CUDA numbers
+    only the visible ones, in CUDA_VISIBLE_DEVICES's order (entries are indices or UUID prefixes; CUDA
+    stops at the first it cannot use). Workers run with CUDA_DEVICE_ORDER=PCI_BUS_ID (distributed/runtime),
+    so an index in CUDA_VISIBLE_DEVICES is an NVML index and the metric `gpu<N>` is the process's cuda:<N>.
+
+    Example:
+        >>> uuids = ["GPU-aaa", "GPU-bbb", "GPU-ccc"]
+        >>> visible_gpus({"CUDA_VISIBLE_DEVICES": "2,GPU-a,9,0"}, 3, uuids.__getitem__)
+        [(0, 2), (1, 0)]
+        >>> visible_gpus({}, 2, uuids.__getitem__)
+        [(0, 0), (1, 1)]
+    """
+    given = environ.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return [(index, index) for index in range(count)]
+    pairs: list[tuple[int, int]] = []
+    for entry in (part.strip() for part in given.split(",")):
+        found = [i for i in range(count) if entry.startswith(("GPU-", "MIG-")) and uuid_of(i).startswith(entry)]
+        if entry.isdigit() and int(entry) < count:
+            nvml = int(entry)
+        elif found:
+            nvml = found[0]
+        else:
+            break
+        pairs.append((len(pairs), nvml))
+    return pairs
+
+
+class Nvml:
+    """NVML, initialised once per sampler (not at every sample), with the handles of the GPUs this process sees;
+    `available` is False without pynvml (the tracking extra's nvidia-ml-py) or an NVIDIA driver."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.handles: list[tuple[int, Any]] = []
+        self.available = False
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:  # no pynvml, no driver: CPU and memory only
+            return
+        self.pynvml = pynvml
+        self.available = True
+
+        def uuid_of(index: int) -> str:
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+            return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+
+        pairs = visible_gpus(os.environ if environ is None else environ, pynvml.nvmlDeviceGetCount(), uuid_of)
+        self.handles = [(cuda, pynvml.nvmlDeviceGetHandleByIndex(nvml)) for cuda, nvml in pairs]
+
+    def read(self) -> dict[str, float]:
+        values = {}
+        for cuda, handle in self.handles:
+            used = self.pynvml.nvmlDeviceGetMemoryInfo(handle)
+            values[f"gpu{cuda}_utilization_percent"] = float(self.pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            values[f"gpu{cuda}_memory_percent"] = 100.0 * used.used / max(1, used.total)
+        return values
+
+    def close(self) -> None:
+        if self.available:
+            self.available = False
+            try:
+                self.pynvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
+def sample(nvml: Nvml | None = None) -> dict[str, float]:
+    """One reading of this host: CPU % since the last call, memory, and each visible GPU when NVML answers.
 
     GPUs are read through NVML, never torch.cuda: a CUDA context made here would hold memory on every GPU.
     """
@@ -38,17 +110,11 @@ def sample() -> dict[str, float]:
     memory = psutil.virtual_memory()
     values = {"cpu_percent": float(psutil.cpu_percent(None)), "memory_percent": float(memory.percent),
               "memory_used_gb": memory.used / 1e9}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            used = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            values[f"gpu{index}_utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-            values[f"gpu{index}_memory_percent"] = 100.0 * used.used / max(1, used.total)
-    except Exception:  # no pynvml, no driver: CPU and memory only
-        pass
+    if nvml is not None and nvml.available:
+        try:
+            values.update(nvml.read())
+        except Exception:  # a GPU that fell off the bus: CPU and memory still count
+            pass
     return values
 
 
@@ -78,13 +144,20 @@ class SystemSampler:
         self.thread.join(5.0)
 
     def _work(self) -> None:
+        nvml = Nvml()
         try:
-            sample()  # psutil's first cpu_percent(None) is 0.0: it measures from this call on
+            self._sample_until_stopped(nvml)
+        finally:
+            nvml.close()
+
+    def _sample_until_stopped(self, nvml: Nvml) -> None:
+        try:
+            sample(nvml)  # psutil's first cpu_percent(None) is 0.0: it measures from this call on
         except Exception:
             return
         while not self.stopped.wait(self.interval_s):
             try:
-                values = sample()
+                values = sample(nvml)
             except Exception:  # a sampler is never worth a failed run
                 continue
             stamp = int(time.time() * 1000)

@@ -48,3 +48,26 @@ def test_an_unreachable_server_is_one_warning_and_finish_does_not_hang(tmp_path)
     tracker.record({"kind": "train", "epoch": 0, "step": 99, "loss": 1.0})
     assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0], warnings
     assert not (tmp_path / "tracking.json").exists()
+
+
+def test_gpu_metrics_are_numbered_as_the_process_sees_its_gpus():
+    """NVML numbers a host's GPUs in PCI order; with CUDA_VISIBLE_DEVICES=2,0 a worker calls them cuda:0, cuda:1."""
+    from hvdtrain.tracking.system import visible_gpus
+
+    uuids = ["GPU-aaa", "GPU-bbb", "GPU-ccc"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,0"}, 3, uuids.__getitem__) == [(0, 2), (1, 0)]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-bb"}, 3, uuids.__getitem__) == [(0, 1)]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1,7,0"}, 3, uuids.__getitem__) == [(0, 1)]  # CUDA stops at 7
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, 3, uuids.__getitem__) == []
+    assert visible_gpus({}, 2, uuids.__getitem__) == [(0, 0), (1, 1)]
+
+
+def test_system_sampling_without_a_driver_still_reads_cpu_and_memory():
+    """pynvml is installed (the tracking extra) but this machine has no NVIDIA driver: NVML is unavailable, once."""
+    from hvdtrain.tracking.system import Nvml, sample
+
+    nvml = Nvml({})
+    values = sample(nvml)
+    assert {"cpu_percent", "memory_percent", "memory_used_gb"} <= set(values)
+    assert any(key.startswith("gpu") for key in values) == nvml.available
+    nvml.close()
