@@ -69,13 +69,14 @@ def _claim(config: TrainConfig) -> dict[str, Any]:
 class RunLog:
     """Rank 0's files in the run directory. It writes; the console (output/console.py) shows."""
 
-    def __init__(self, path: str, config: TrainConfig, *, backend: str = "", device: str = "") -> None:
+    def __init__(self, path: str, config: TrainConfig, *, backend: str = "", device: str = "",
+                 branch_from: int | None = None) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         write_text(self.path / "config.yaml", to_yaml(config))
         self.tensorboard = _tensorboard_writer(self.path / "tensorboard") if config.tensorboard else None
         # A copy for comparing runs (--tracking); its failures are one warning, never the run's.
-        self.tracker: Tracker | None = start(self.path, config, backend=backend, device=device,
+        self.tracker: Tracker | None = start(self.path, config, backend=backend, device=device, branch_from=branch_from,
                                              say=lambda text: console.line(f"hvdtrain: {text}"),
                                              warn=lambda text: console.line(f"hvdtrain: warning: {text}"))
         # Rank 0 is its host's local rank 0: its host's CPU/memory/GPU go into the same run (tracking/system.py).

@@ -4,7 +4,9 @@ The training thread never waits on the tracker: `record()` puts on an unbounded 
 thread sends whatever has piled up in one batch, so a slow server means fewer, larger calls, not a slower
 step. The first failure (no server, bad URI, a server that dies mid-run) is one warning; from then on
 records are dropped and training goes on. `finish()` waits at most FLUSH_S for the last batch and the
-artifacts, then leaves the thread behind (a daemon: it cannot keep the process alive).
+artifacts, then leaves the thread behind (a daemon: it cannot keep the process alive). A resumed run does not
+log the steps it already holds again, unless the resume may change them (a rollback): then the new branch goes
+to a new run linked to the old one (Tracker._branch).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.environment import process
 from hvdtrain.errors import first_line
 from hvdtrain.tracking import context
-from hvdtrain.tracking.mlflow_sink import MlflowSink
+from hvdtrain.tracking.mlflow_sink import RUN_FILE, MlflowSink
 from hvdtrain.tracking.wandb_sink import WandbSink
 
 # The end of a run waits this long for the tracker (the last metrics and the artifact upload).
@@ -52,13 +54,19 @@ class Sink(Protocol):
 
     def logged_steps(self) -> dict[str, int]: ...
 
+    @property
+    def run_id(self) -> str: ...
+
 
 class Tracker:
     """Rank 0's one tracked run. Call `record()` per metrics record and `finish()` once at the end."""
 
     def __init__(self, sink: Sink, params: Mapping[str, str], tags: Mapping[str, str],
-                 say: Callable[[str], None], warn: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], warn: Callable[[str], None], *, run_dir: Path | None = None,
+                 branch_from: int | None = None) -> None:
         self.sink = sink
+        self.run_dir = run_dir
+        self.branch_from = branch_from
         self.say = say
         self.warn = warn
         self.failed = False
@@ -103,11 +111,14 @@ class Tracker:
 
     def _work(self, params: dict[str, str], tags: dict[str, str]) -> None:
         try:
-            self.say(f"tracking: {self.sink.open(params, tags)}")
+            said = self.sink.open(params, tags)
             # A resumed run already holds its first process's metrics, up to the kill: the steps redone since
             # the last checkpoint are not logged twice, and each sampler's count (from 0 in every process)
             # follows on from the last one's.
             high = self.sink.logged_steps()
+            if self.branch_from is not None and max(high.values(), default=-1) > self.branch_from:
+                said, high = self._branch(params, tags, self.branch_from), {}
+            self.say(f"tracking: {said}")
         except Exception as err:  # any failure of a tracker is its own, never the training's
             self._fail(f"cannot log to {self.sink.where} ({first_line(err)})")
             return
@@ -134,14 +145,30 @@ class Tracker:
                 return
             self.closing.wait(SEND_EVERY_S)   # what arrives meanwhile goes in the next call
 
+    def _branch(self, params: dict[str, str], tags: dict[str, str], step: int) -> str:
+        """A resume below the steps the run already logged, whose values may differ (a rollback, another LR):
+        the old run keeps the abandoned branch; a new one, tagged hvdtrain.branch = '<old run>@<step>' (in MLflow
+        nested under the old one), gets this branch from `step` on. <run>/tracking.json names the new one, so a
+        later crash-resume continues it without duplicate steps."""
+        old = self.sink.run_id
+        self.sink.close([], "FINISHED")
+        if self.run_dir is not None:
+            (self.run_dir / RUN_FILE).unlink(missing_ok=True)
+        tags = {**tags, "hvdtrain.branch": f"{old}@{step}"}
+        tags.setdefault("mlflow.parentRunId", old)     # a tune trial stays under its study: the tag links it
+        said = self.sink.open(params, tags)
+        return f"resumed at step {step}, below the steps run {old} logged: a new branch, {said}"
+
     def _fail(self, why: str) -> None:
         self.failed = True
         self.warn(f"tracking: {why}; training goes on untracked, its files are whole in the run folder")
 
 
 def start(run_dir: Path, config: TrainConfig, *, say: Callable[[str], None], warn: Callable[[str], None],
-          backend: str = "", device: str = "", env: Mapping[str, str] | None = None) -> Tracker | None:
+          backend: str = "", device: str = "", env: Mapping[str, str] | None = None,
+          branch_from: int | None = None) -> Tracker | None:
     """The tracker `config.tracking` asks for, on rank 0 only; None when untracked, or after one warning.
+    `branch_from`: a resume at this step may log other values than the run holds beyond it (see Tracker._branch).
 
     Example:
         >>> tracker = start(Path("runs/cnn-digits"), config, say=print, warn=print)  # doctest: +SKIP
@@ -162,4 +189,4 @@ def start(run_dir: Path, config: TrainConfig, *, say: Callable[[str], None], war
                           embedded=not uri)
         if env.get(context.PARENT_ENV):  # a trial of `hvdtrain tune`: nested under the study's run
             tags["mlflow.parentRunId"] = env[context.PARENT_ENV]
-    return Tracker(sink, context.params(config, chosen), tags, say, warn)
+    return Tracker(sink, context.params(config, chosen), tags, say, warn, run_dir=run_dir, branch_from=branch_from)

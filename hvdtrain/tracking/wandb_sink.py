@@ -48,6 +48,7 @@ class WandbSink:
             saved = {}
         self.resumed = saved.get("tracker") == "wandb" and bool(saved.get("run_id"))
         self.run_id = saved["run_id"] if self.resumed else uuid.uuid4().hex[:8]   # W&B's own id shape
+        self.last_step = 0      # each run has its own step axis (a rollback's branch opens a second one)
         # console="off": hvdtrain's own lines stay as they are (no wrapping of stdout in a Horovod job).
         self.run = wandb.init(project=self.project, name=self.run_dir.name, id=self.run_id, dir=str(self.run_dir),
                               mode=cast(Any, self.mode), resume="allow" if self.resumed else None,

@@ -110,14 +110,20 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
     if changed:
         notes.append(changed)
     meta = {key: payload[key] for key in ("progress", "world_size", "rng", "stats")}
+    rollback = False
     if run_path:
         branch = checkpoint.branch_after(checkpoint.checkpoint_dir(run_path), meta["progress"].get("branch", 0),
                                          meta["progress"]["step"])
-        if branch != meta["progress"].get("branch", 0):
+        rollback = branch != meta["progress"].get("branch", 0)
+        if rollback:
             notes.append(f"newer checkpoints of the run stay; this one's follow them as *-b{branch}.pt")
         meta["progress"] = {**meta["progress"], "branch": branch}
     meta["scaler"] = payload.get("scaler")  # fp16's loss scale; absent otherwise
-    return {"payload": meta, "path": str(path), "note": "; ".join(notes)}
+    # Steps from here on may differ from those the run's first process logged beyond this checkpoint (a rollback,
+    # other settings or data): the tracker logs them as a new branch instead of dropping them (tracking/tracker.py).
+    diverges = rollback or bool(changed) or bool(data_change)
+    return {"payload": meta, "path": str(path), "note": "; ".join(notes),
+            "branch_from": meta["progress"]["step"] if diverges else None}
 
 
 def apply_resume(found: dict[str, Any], progress: Any, world: runtime.World,

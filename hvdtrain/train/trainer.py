@@ -466,18 +466,20 @@ class Trainer:
         self.resumed = self.resumed or bool(found and found.get("payload"))
         if found is not None and end_epoch is not None:
             self._check_work_left(p, end_epoch)
-        self._open_log(resumed)
+        self._open_log(resumed, found.get("branch_from") if found else None)
 
     def zero_stats(self) -> torch.Tensor:
         return self.metrics.zeros()
 
-    def _open_log(self, resumed: str | None) -> None:
-        """Rank 0: the run directory (if any) and the banner; once per process (elastic restarts call again)."""
+    def _open_log(self, resumed: str | None, branch_from: int | None = None) -> None:
+        """Rank 0: the run directory (if any) and the banner; once per process (elastic restarts call again).
+        `branch_from`: the step a resume that may log other values than the run's first process starts at."""
         if not self.world.is_root or self.announced:
             return
         self.announced = True
         if self.run_path:
-            self.log = RunLog(self.run_path, self.config, backend=runtime.backend_name(), device=self.device.type)
+            self.log = RunLog(self.run_path, self.config, backend=runtime.backend_name(), device=self.device.type,
+                              branch_from=branch_from)
         console.banner(banner_lines(self.config, world=self.world, backend=runtime.backend_name(),
                                     device=self.device.type, train=len(self.train_data),
                                     held_out=len(self.val_data) if self.val_data is not None else 0,

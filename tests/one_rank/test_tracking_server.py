@@ -116,3 +116,33 @@ def test_a_server_killed_mid_run_is_one_warning_and_the_run_finishes_whole(tmp_p
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["epochs_run"] == 8 and records[-1]["kind"] == "summary"
     assert (run_dir / "model.safetensors").stat().st_size > 0 and (run_dir / "curves.png").exists()
+
+
+def test_a_rollback_logs_its_new_branch_to_a_new_run_linked_to_the_old_one(tmp_path, mlflow_server):
+    """Issue 36: resumed from step 16 of 48 with another LR, every value up to step 48 was dropped as 'already
+    logged', so MLflow showed the abandoned branch's numbers for the new run."""
+    url, _ = mlflow_server
+    run_dir = tmp_path / "runs" / "rollback"
+    command, env = train(tmp_path / "runs", "rollback", ["--epochs", "3"], url)
+    first = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, show(first)
+    old = json.loads((run_dir / "tracking.json").read_text())["run_id"]
+    client = MlflowClient(url)
+    before = sorted((m.step, m.value) for m in client.get_metric_history(old, "train/loss"))
+    assert [s for s, _ in before] == list(range(4, 49, 4))
+    second = subprocess.run([*command, "--resume", str(run_dir / "checkpoints" / "ckpt-000000016.pt"),
+                             "--lr", "0.01"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and "warning" not in second.stdout + second.stderr, show(second)
+    new = json.loads((run_dir / "tracking.json").read_text())["run_id"]
+    assert new != old and f"below the steps run {old} logged: a new branch" in second.stdout, show(second)
+    branch = client.get_run(new)
+    assert branch.data.tags["hvdtrain.branch"] == f"{old}@16" and branch.data.tags["mlflow.parentRunId"] == old
+    assert branch.info.status == "FINISHED" and client.get_run(old).info.status == "FINISHED"
+    # The new branch's own values from the branch point on; the old run keeps the abandoned ones, untouched.
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    redone = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}   # the last record of each step
+    logged = sorted((m.step, m.value) for m in client.get_metric_history(new, "train/loss"))
+    assert logged == sorted((s, pytest.approx(v)) for s, v in redone.items() if s > 16), logged
+    assert sorted((m.step, m.value) for m in client.get_metric_history(old, "train/loss")) == before
+    assert logged[-1][1] != dict(before)[48]          # another LR: other numbers, both kept
+    assert sorted(m.step for m in client.get_metric_history(new, "epoch/val_acc")) == [32, 48]

@@ -57,11 +57,35 @@ def test_an_offline_run_holds_the_config_every_step_and_the_summary_and_a_resume
     assert [row["epoch/val_acc"] for row in rows if "epoch/val_acc" in row] == [
         pytest.approx(r["val_acc"]) for r in train if r["kind"] == "epoch"]
 
-    # From the step-32 checkpoint to 4 epochs: steps 36-48 are redone, and the run already holds them.
-    second = run(["--resume", str(folder / "checkpoints" / "ckpt-000000032.pt"), "--epochs", "4"], tmp_path)
+    # A crash-resume from the newest checkpoint (48) to 4 epochs: the same run goes on, each step once.
+    second = run(["--resume", "auto", "--epochs", "4"], tmp_path)
     assert f"continuing W&B run {saved['run_id']}" in second.stdout, show(second)
-    steps = [row["_step"] for row in wandb_files.history(folder / "wandb") if "train/loss" in row]
-    assert steps == list(range(4, 65, 4)), steps   # each step once, in order, across both processes' files
+    assert _steps(folder, saved["run_id"]) == list(range(4, 65, 4))   # in order, across both processes' files
+
+    # A rollback to step 32 (issue 36): steps 36-64 of the new branch differ from those the run holds, so they
+    # go to a new run tagged with where it branched, not dropped; the old run keeps its values.
+    third = run(["--resume", str(folder / "checkpoints" / "ckpt-000000032.pt"), "--epochs", "4", "--lr", "0.01"],
+                tmp_path)
+    branch = json.loads((folder / "tracking.json").read_text())["run_id"]
+    assert branch != saved["run_id"] and "a new branch" in third.stdout, show(third)
+    assert _steps(folder, branch) == list(range(36, 65, 4))
+    assert _steps(folder, saved["run_id"]) == list(range(4, 65, 4))
+    [path] = [p for p in (folder / "wandb").glob(f"offline-run-*-{branch}/run-{branch}.wandb")]
+    [started] = [r.run for r in wandb_files.records(path) if r.WhichOneof("record_type") == "run"]
+    tags = {item.key: json.loads(item.value_json) for item in started.config.update}["hvdtrain"]
+    assert tags["hvdtrain.branch"] == f"{saved['run_id']}@32"
+
+
+def _steps(folder, run_id):
+    """The train/loss steps of one W&B run's offline files, in the order written."""
+    steps = []
+    for path in sorted(folder.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")):
+        for record in wandb_files.records(path):
+            if record.WhichOneof("record_type") == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                if "train/loss" in row:
+                    steps.append(row["_step"])
+    return steps
 
 
 def test_the_reader_follows_records_across_the_files_32_kib_blocks(tmp_path, monkeypatch):
