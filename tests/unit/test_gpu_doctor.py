@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvdtrain.cli.gpu_check import gpu_steps
+from hvdtrain.cli.gpu_check import TOO_MANY, expected_error, gpu_steps
 from hvdtrain.cli.gpu_verdicts import gpu_problems, major_minor, parse_nvcc_release
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,12 +51,27 @@ def test_every_problem_is_one_line():
 def test_gpu_steps_cover_every_path_and_hybrid_only_with_two_gpus(tmp_path):
     one = [name for name, _ in gpu_steps(1, tmp_path)]
     four = [name for name, _ in gpu_steps(4, tmp_path)]
-    assert one == ["doctor (NCCL)", "one rank fp32", "one rank bf16", "one rank fp16", "SyncBN, 1 GPU(s)",
-                   "data parallel, 1 GPU(s) (NCCL)", "compress prune on GPU", "predict",
+    assert one == ["doctor (NCCL)", "one rank fp32", "one rank bf16", "one rank fp16",
+                   "SyncBN resnet18 (BatchNorm), 1 GPU(s)", "data parallel, 1 GPU(s) (NCCL)",
+                   "fp16 gradients on the wire, 1 GPU(s)", "fp16 loss scaler + allreduce, 1 GPU(s)",
+                   "2 ranks on 1 GPU(s) refused", "compress prune on GPU", "compress distill on GPU", "predict",
                    "benchmark np=1 vs plain loop"]
-    assert "hybrid --stages 2, 2 worker(s)" in four and not any("hybrid" in n for n in one)
+    assert {"hybrid --stages 2, 2 worker(s)", "hybrid --stages 2 + SyncBN, 2 worker(s)"} <= set(four)
+    assert not any("hybrid" in n for n in one)
     assert all("--device" in cmd and "cuda" in cmd for name, cmd in gpu_steps(2, tmp_path)
-               if name.startswith(("one rank", "SyncBN", "data", "hybrid")))
+               if name.startswith(("one rank", "SyncBN", "data", "hybrid", "fp16")))
+    assert [name for name, _ in gpu_steps(1, tmp_path, benchmarks=False)] == one[:-1]
+    assert [expected_error(name) for name in one].count(TOO_MANY) == 1
+
+
+def test_the_refusal_gpu_check_expects_is_the_one_the_trainer_gives():
+    """gpu-check runs one rank more than GPUs and passes only on this refusal: the text must be the product's."""
+    from hvdtrain.errors import UserError
+    from hvdtrain.models.pipeline import assign_devices
+
+    with pytest.raises(UserError) as refused:
+        assign_devices(1, 2, 1, visible=1)
+    assert TOO_MANY in str(refused.value)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the GPU run below applies")
