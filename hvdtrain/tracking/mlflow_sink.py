@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.environment.credentials import redact
+from hvdtrain.environment.credentials import looks_secret, redact
 
 # MLflow retries a failed request 7 times with a doubling backoff and waits 120 s for an answer, so a
 # server that is down would be noticed after minutes. A training job wants to know in seconds; the user's
@@ -60,6 +60,8 @@ class MlflowSink:
         """Connect, create the run or take up the one this folder already has; returns what happened."""
         for name, value in QUICK_HTTP.items():
             os.environ.setdefault(name, value)
+        if looks_secret(self.uri):   # MLflow prints "View run at <the URI, password included>" when a run ends
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
