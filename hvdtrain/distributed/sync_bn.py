@@ -37,12 +37,12 @@ class _SumOverRanks(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, tensor: torch.Tensor, name: str) -> torch.Tensor:
         ctx.name = name
         return hvd.allreduce(tensor, op=hvd.Sum, name=f"{name}.forward")
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return hvd.allreduce(grad, op=hvd.Sum, name=f"{ctx.name}.backward"), None
 
 
@@ -75,7 +75,7 @@ class SyncBatchNorm(_BatchNorm):
         count = total[-1]
         mean = total[:channels] / count
         var = total[channels:2 * channels] / count - mean * mean
-        if self.running_mean is not None and self.running_var is not None:
+        if self.running_mean is not None and self.running_var is not None and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
             momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
             with torch.no_grad():  # as torch's BatchNorm: the unbiased variance goes into the running stats

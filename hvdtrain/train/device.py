@@ -61,7 +61,7 @@ def gpu_ids(visible: int) -> list[str]:
     for index in range(visible):
         props = torch.cuda.get_device_properties(index)
         uuid = getattr(props, "uuid", None)
-        ids.append(str(uuid) if uuid is not None else f"pci:{props.pci_domain_id}:{props.pci_bus_id}")
+        ids.append(str(uuid) if uuid is not None else f"{props.name}:{index}:{os.environ.get('CUDA_VISIBLE_DEVICES')}")
     return ids
 
 
