@@ -101,7 +101,8 @@ def test_smoke_run_end_to_end(tmp_path):
                 "scaling_efficiency_hvdtrain_gloo"} <= set(result["ratios"][model]), model
     assert result["groups"]["transformer/np2"]["hvdtrain-gloo"]["params"] > 0
     assert not (tmp_path.parent / LATEST).exists()  # a smoke run never moves the latest pointer
-    assert result["groups"]["mlp/np2"]["hvdtrain-gloo"]["comm_thread_cpu_ms"] >= 0  # per-thread CPU recorded
+    # Per-thread CPU recorded: Horovod's background and Gloo threads do work at np=2, so it cannot be zero.
+    assert result["groups"]["mlp/np2"]["hvdtrain-gloo"]["comm_thread_cpu_ms"] > 0
     for impl in ("horovod-gloo", "torch-gloo", "memcpy"):
         rows = result["bandwidth"][impl]
         assert [r["size_mb"] for r in rows] == [0.25, 1.0] and all(r["busbw_gbs"] > 0 for r in rows), impl

@@ -2,7 +2,6 @@
 server that costs one warning and no wait. (Issue 27.)"""
 from __future__ import annotations
 
-import os
 import socket
 import time
 from pathlib import Path
@@ -25,8 +24,9 @@ def test_records_become_metrics_named_by_kind_at_their_step():
                     "rank_steps": [3, 3], "best": None}) == (32, {"epoch/val_acc": 0.5})
 
 
-def test_only_rank_zero_tracks(tmp_path):
-    os.environ["HOROVOD_RANK"], os.environ["HOROVOD_SIZE"] = "1", "2"
+def test_only_rank_zero_tracks(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOROVOD_RANK", "1")   # restored after the test: later tests (any order) see rank 0
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
     assert start(tmp_path, TrainConfig(tracking="mlflow"), say=print, warn=pytest.fail) is None
     assert start(tmp_path, TrainConfig(tracking="none"), say=print, warn=pytest.fail) is None
 
