@@ -15,6 +15,10 @@ see: the workers' heartbeats (launcher/worker_watch.py) drop it after the --peer
 command (read here, from this driver's own arguments; never from a packet). The heartbeats are sealed with the
 job's key (distributed/control_wire.py), which `hvdtrain launch` put in the 0600 secrets file: without it
 (this module run by hand) the workers are not watched.
+A job that ended in success ends with exit 0 (EndInSuccess): Horovod 0.28.1 stops the driver once the round's
+workers have all reported and one of them succeeded, then terminates those still running (a survivor that had
+already entered the next rendezvous, READY, right after a re-admission) and counts their exit (255 over ssh)
+as the job's result: "exit 1 after done".
 """
 from __future__ import annotations
 
@@ -88,6 +92,45 @@ def _quiet(*_args: Any) -> None:
     pass
 
 
+class EndInSuccess:
+    """Wraps the driver's `_handle_worker_exit`: once the driver has stopped because a worker of the round
+    succeeded (the job trained to its end and rank 0 printed "done"), a worker it terminated in that stop is
+    not a failure of the job.
+
+    Horovod 0.28.1 (elastic/registration.py `_on_workers_recorded`): when every worker of a round has recorded
+    a state and one is SUCCESS, it calls `driver.stop()`, whose shutdown event terminates whatever still runs:
+    a survivor that recorded READY for a new rendezvous (a host update that raced the end of the job) or one
+    still starting. Its exit code is then added to the results, and `launch_gloo_elastic` raises for it.
+    Exits this forgives: non-zero, handled after such a stop, of a worker whose state in the last round is not
+    FAILURE (a worker that failed in that round still fails the job, as in Horovod).
+    """
+
+    def __init__(self, driver: Any) -> None:
+        from horovod.runner.elastic.registration import FAILURE, SUCCESS
+
+        self.driver, self.failure, self.success = driver, FAILURE, SUCCESS
+        self.handle = driver._handle_worker_exit
+        self.forgiven: list[str] = []
+
+    def __call__(self, slot_info: Any, exit_code: int, timestamp: float) -> None:
+        if exit_code != 0 and self._stopped_by_success() and not self._failed(slot_info):
+            name = f"{slot_info.hostname}[{slot_info.local_rank}]"
+            self.forgiven.append(name)
+            print(f"hvdtrain: note: the job had finished; the worker {name}, ended by Horovod as it stopped the "
+                  f"job (exit {exit_code}), is not counted as a failure", file=sys.stderr, flush=True)
+            exit_code = 0
+        self.handle(slot_info, exit_code, timestamp)
+
+    def _stopped_by_success(self) -> bool:
+        registry = self.driver._worker_registry
+        return (self.driver.finished() and self.driver._results._error_message is None
+                and registry.count(self.success) > 0)
+
+    def _failed(self, slot_info: Any) -> bool:
+        states = self.driver._worker_registry._states
+        return states.get((slot_info.hostname, slot_info.local_rank)) == self.failure
+
+
 def peer_timeout_s(command: list[str]) -> float:
     """The workers' --peer-timeout-s as their command line gives it, else TrainConfig's default.
 
@@ -138,6 +181,7 @@ def main(argv: list[str]) -> int:
     # Horovod builds its driver deep inside launch_gloo_elastic: its constructor is the one place to hook.
     def init_and_watch(driver: Any, *a: Any, **kw: Any) -> None:
         original_init(driver, *a, **kw)
+        driver._handle_worker_exit = EndInSuccess(driver)
         watches.append(BelowMinNpWatch(driver, wait_s))
         watches[-1].start()
         if workers is not None:
