@@ -32,8 +32,10 @@ CXX17_MARKER = "# hvdtrain: C++17 fix for torch >= 2.1"
 EXPECTED_BUILD = ("PyTorch", "MPI", "Gloo")
 # command -> Debian package that provides it
 SYSTEM_TOOLS = {"mpicxx": "libopenmpi-dev", "mpirun": "openmpi-bin", "cmake": "cmake", "g++": "g++"}
-# Needed only by tests (the two-host test runs a real sshd per host); their absence never stops a build.
-TEST_TOOLS = {"/usr/sbin/sshd": "openssh-server"}
+# Needed only by tests (the two-host test runs a real sshd per host, the Slurm test a real slurmctld, slurmd
+# and munged); their absence never stops a build.
+TEST_TOOLS = {"/usr/sbin/sshd": "openssh-server", "/usr/sbin/slurmctld": "slurm-wlm", "/usr/sbin/slurmd": "slurm-wlm",
+              "/usr/bin/srun": "slurm-wlm", "/usr/sbin/munged": "munge"}
 
 
 class InstallError(Exception):

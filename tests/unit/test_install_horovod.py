@@ -120,10 +120,13 @@ def test_bad_torch_spec_leaves_no_venv_claiming_success(tmp_path):
 
 
 def test_missing_test_tools_only_warn_and_name_the_package(tmp_path, capsys):
-    """No sshd and no apt: the build goes on, and the note says which package the skipped test wants."""
+    """No sshd, no Slurm and no apt: the build goes on, and the note names the packages the skipped tests want."""
     missing = ih.ensure_test_tools(tmp_path / "log", use_apt=False, which=lambda tool: None)
-    assert missing == ["/usr/sbin/sshd"]
-    assert "openssh-server" in capsys.readouterr().out
+    assert missing == list(ih.TEST_TOOLS)
+    assert "/usr/sbin/sshd" in missing and "/usr/sbin/slurmctld" in missing and "/usr/sbin/munged" in missing
+    note = capsys.readouterr().out
+    assert "openssh-server" in note and "slurm-wlm" in note and "munge" in note
+    assert note.count("slurm-wlm") == 1, note
 
 
 def test_present_test_tools_install_nothing(tmp_path, capsys):
