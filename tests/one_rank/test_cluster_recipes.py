@@ -24,12 +24,21 @@ def test_sbatch_script_is_valid_bash_and_asks_for_nodes_and_tasks():
     assert int(directives["nodes"]) >= 2 and int(directives["ntasks-per-node"]) >= 1
 
 
-def run_sbatch(tmp_path: Path, slurm_env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    """The script as sbatch would run it, on a one-node 'allocation' of this machine."""
+def run_sbatch(tmp_path: Path, slurm_env: dict[str, str], *args: str,
+               launch: str = "horovodrun") -> subprocess.CompletedProcess:
+    """The script's horovodrun-over-ssh variant as sbatch would run it, on a one-node 'allocation' of this
+    machine (SLURM_* set by hand). Its default, srun, runs on a real Slurm cluster in tests/cluster/test_slurm.py."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "LSB_"))}
     env.update(slurm_env, SLURM_SUBMIT_DIR=str(ROOT), HVDTRAIN_VENV=str(BIN.parent), HVDTRAIN_IFACE="lo",
-               TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+               TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", HVDTRAIN_LAUNCH=launch)
     return subprocess.run(["bash", str(SBATCH), *args], env=env, capture_output=True, text=True, timeout=400)
+
+
+def test_sbatch_script_refuses_an_unknown_launcher_in_one_line(tmp_path):
+    proc = run_sbatch(tmp_path, {"SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": "2"}, launch="mpiexec")
+    assert proc.returncode == 2, show(proc)
+    assert proc.stderr.strip() == ("hvdtrain: error: HVDTRAIN_LAUNCH='mpiexec' — use srun (the default) "
+                                   "or horovodrun")
 
 
 def test_sbatch_script_trains_on_the_allocation_it_is_given(tmp_path):
