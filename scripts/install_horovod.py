@@ -82,11 +82,13 @@ _TORCH_GLOO = (
     "        list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)\n"
     "    elseif (Pytorch_CXX11)\n        list(APPEND PYTORCH_LINKER_LIBS gloo)",
 )
-# A CUDA torch makes the extension a CUDA build whenever a CUDA toolkit is on the machine (FindPytorch asks
-# torch for CUDA_HOME), GPU or not; this lets a GPU-less machine build the CPU extension against it.
-_TORCH_CPU_ONLY = (
-    "elseif (Pytorch_CUDA AND NOT HAVE_CUDA)\n    add_cuda()",
-    'elseif (Pytorch_CUDA AND NOT HAVE_CUDA AND NOT "$ENV{HVDTRAIN_HOROVOD_CPU_ONLY}")\n    add_cuda()',
+# FindPytorch calls torch a CUDA build whenever torch has CUDA and a CUDA toolkit is on the machine (torch's
+# CUDA_HOME), GPU or not; the torch extension then links cudart and compiles GPU code. This lets a GPU-less
+# machine build the CPU extension against a CUDA torch (CppExtension, no add_cuda()).
+_FIND_PYTORCH_CPU_ONLY = (
+    'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)',
+    f'string(TOUPPER "${{Pytorch_CUDA}}" Pytorch_CUDA)\n{CXX17_MARKER}: HVDTRAIN_HOROVOD_CPU_ONLY\n'
+    'if ("$ENV{HVDTRAIN_HOROVOD_CPU_ONLY}")\n    set(Pytorch_CUDA FALSE)\nendif()',
 )
 _TORCH_EXPORT = (
     "set(Pytorch_CXX11 ${Pytorch_CXX11} PARENT_SCOPE)",
@@ -104,7 +106,8 @@ _TOP_ABI = (
     "        target_compile_definitions(compatible17_gloo",
 )
 PATCHES = {
-    "horovod/torch/CMakeLists.txt": (_TORCH_STD, _TORCH_GLOO, _TORCH_CPU_ONLY, _TORCH_EXPORT),
+    "horovod/torch/CMakeLists.txt": (_TORCH_STD, _TORCH_GLOO, _TORCH_EXPORT),
+    "cmake/Modules/FindPytorch.cmake": (_FIND_PYTORCH_CPU_ONLY,),
     "CMakeLists.txt": (_TOP_GLOO17, _TOP_ABI),
 }
 # g++ 13's libstdc++ no longer drags <cstdint>/<string>/<stdexcept> in through other standard headers;

@@ -298,21 +298,22 @@ def test_gpu_build_is_wanted_where_a_gpu_is_or_where_asked(environ, caps, wanted
     assert ih.gpu_wanted(environ, caps) is wanted
 
 
-def test_the_cpu_only_switch_reaches_horovods_torch_cmake(horovod_source, tmp_path):
-    """The patched horovod/torch/CMakeLists.txt skips add_cuda() for a CUDA torch when the switch is set."""
+def test_the_cpu_only_switch_makes_horovods_find_pytorch_call_torch_a_cpu_build(horovod_source, tmp_path):
+    """The patched FindPytorch.cmake: a CUDA torch with a CUDA toolkit present is a CPU build under the switch
+    (CppExtension: no cudart to link, no add_cuda()), and still a CUDA build without it."""
     ih.apply_cxx17_fix(horovod_source)   # once: other tests of this module may have applied it already
-    text = (horovod_source / "horovod/torch/CMakeLists.txt").read_text()
-    branch = text[text.index("elseif (Pytorch_CUDA AND NOT HAVE_CUDA"):].split("endif()", 1)[0]
-    project = tmp_path / "CMakeLists.txt"
-    project.write_text("cmake_minimum_required(VERSION 3.13)\nproject(p NONE)\nset(Pytorch_CUDA TRUE)\n"
-                       "macro(add_cuda)\n  message(STATUS \"ADD_CUDA_CALLED\")\nendmacro()\n"
-                       f"if (FALSE)\n{branch}endif()\n")
-    for switch, called in (("1", False), ("", True)):
+    text = (horovod_source / "cmake/Modules/FindPytorch.cmake").read_text()
+    start = text.index('string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)')
+    block = text[start:text.index("endif()", start) + len("endif()")]
+    (tmp_path / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.13)\nproject(p NONE)\n"
+                                             "set(Pytorch_CUDA True)\n" + block +
+                                             '\nmessage(STATUS "Pytorch_CUDA=${Pytorch_CUDA}")\n')
+    for switch, cuda in (("1", "FALSE"), ("", "TRUE")):
         proc = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / f"b{switch}")],
                               env=dict(os.environ, HVDTRAIN_HOROVOD_CPU_ONLY=switch),
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
-        assert ("ADD_CUDA_CALLED" in proc.stdout) is called
+        assert f"Pytorch_CUDA={cuda}" in proc.stdout
 
 
 def _wheel_layout(site: Path) -> Path:
