@@ -53,6 +53,8 @@ class TrainConfig:
     op: str = option("average", "gradient reduction: average, or adasum (MPI; use with --lr-scaling none)")
     gradient_predivide_factor: float = option(1.0, "average: divide by this before the sum, by workers/this after")
     sync_bn: bool = option(False, "convert BatchNorm layers to Horovod's SyncBatchNorm (global batch statistics)")
+    compile: bool = option(False, "torch.compile the model once it is on its device (the first steps compile: "
+                                  "slow; CPU needs a C++ compiler); saved weights are the plain model's")
     monitor: str = option("", "a held-out metric (val_acc, val_loss, val_mse...) for best.pt and patience; '' = off")
     metrics: str = option("auto", "comma-separated: acc, topK_acc (e.g. top5_acc), mse, mae; auto = by task")
     patience: int = option(0, "stop after this many epochs without a better `monitor`; 0 = never stop early")
@@ -127,6 +129,9 @@ class TrainConfig:
         if self.micro_batches > 1 and self.stages == 1:
             raise ConfigError(f"micro_batches {self.micro_batches} needs a model split into stages: pass --stages 2 "
                               "or more")
+        if self.compile and self.stages > 1:
+            raise ConfigError(f"compile is not supported with stages {self.stages} yet (a pipeline over several "
+                              "devices has not been tried compiled); drop --compile or use --stages 1")
         if self.stage_split and (len(self.stage_split) != self.stages or min(self.stage_split) < 1):
             raise ConfigError(f"stage_split must give a positive layer count for each of the {self.stages} "
                               f"stages, got {self.stage_split}")

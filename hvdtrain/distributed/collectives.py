@@ -7,20 +7,21 @@ from typing import Any
 
 import torch
 
+from hvdtrain.distributed import wire
 from hvdtrain.distributed.runtime import hvd
 from hvdtrain.distributed.wait import wait_quietly
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    # Horovod: every rank starts from rank 0's weights and optimizer state.
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    # Horovod: every rank starts from rank 0's weights and optimizer state (bf16 ones sent as float32).
+    wire.broadcast_parameters(model.state_dict())
+    wire.broadcast_optimizer_state(optimizer)
 
 
 def allreduce_sum(tensor: torch.Tensor, name: str) -> torch.Tensor:
     # Alone, a sum is the tensor: skip Horovod's background-thread round trip (as its own
     # DistributedOptimizer does at size 1).
-    return tensor.clone() if hvd.size() == 1 else hvd.allreduce(tensor, op=hvd.Sum, name=name)
+    return tensor.clone() if hvd.size() == 1 else wire.allreduce(tensor, op=hvd.Sum, name=name)
 
 
 def by_device(tensors: list[torch.Tensor]) -> list[list[int]]:
@@ -46,7 +47,7 @@ def average_buffers(buffers: list[torch.Tensor]) -> None:
     if hvd.size() == 1 or not buffers:
         return
     for n, group in enumerate(by_device(buffers)):
-        averaged = hvd.grouped_allreduce([buffers[i].detach() for i in group], op=hvd.Average, name=f"buffers.{n}")
+        averaged = wire.grouped_allreduce([buffers[i].detach() for i in group], op=hvd.Average, name=f"buffers.{n}")
         with torch.no_grad():
             for i, value in zip(group, averaged, strict=True):
                 buffers[i].copy_(value)

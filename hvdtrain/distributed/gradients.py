@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from hvdtrain.distributed import wire
 from hvdtrain.distributed.runtime import hvd
 from hvdtrain.distributed.wait import wait_quietly
 from hvdtrain.errors import UserError
@@ -16,14 +17,15 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, 
     """Horovod's DistributedOptimizer: gradients are averaged (or Adasum-combined) as backward produces them.
 
     accumulate: backward passes per step; the allreduce starts in the last one (gradients add up locally).
-    compression: "fp16" sends float gradients as float16 and restores their dtype after the allreduce.
+    compression: "fp16" sends float gradients as float16 and restores their dtype after the allreduce;
+        "none" sends them as they are, except bf16 ones, as float32 (Horovod 0.28.1 has no bfloat16).
     """
     if op == "adasum" and hvd.size() > 1 and not hvd.mpi_enabled():
         raise UserError("op adasum needs Horovod's MPI operations (Gloo has no Adasum): launch with "
                         "horovodrun --mpi, or use --op average")
     return hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
+        compression=hvd.Compression.fp16 if compression == "fp16" else wire.Bf16AsFp32,
         backward_passes_per_step=accumulate, op=hvd.Adasum if op == "adasum" else hvd.Average,
         gradient_predivide_factor=gradient_predivide_factor)
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from hvdtrain.config.train_config import TrainConfig, to_yaml
 from hvdtrain.errors import UserError
+from hvdtrain.models.compiled import plain, plain_state_dict
 from hvdtrain.output.claim import claim, claim_new, release
 from hvdtrain.output.console import console
 from hvdtrain.output.files import atomic_write, write_text
@@ -102,7 +103,7 @@ class RunLog:
         summary = history.summary
         write_weights(self.path, "model", model)
         if callable(getattr(model, "save_pretrained", None)):
-            write_pretrained(self.path / "hf", model)
+            write_pretrained(self.path / "hf", plain(model))
         write_text(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.metrics(summary)
         if self.tensorboard:
@@ -133,7 +134,7 @@ def write_weights(folder: Path, name: str, model: nn.Module) -> None:
 
     # CPU tensors: the file loads on a machine without a GPU, no map_location needed.
     state = {key: value.detach().cpu() if isinstance(value, torch.Tensor) else value
-             for key, value in model.state_dict().items()}
+             for key, value in plain_state_dict(model).items()}  # no torch.compile wrapper in the keys
     atomic_write(folder / f"{name}.pt", lambda handle: torch.save(state, handle))
     data = save(unshared(state), metadata={"format": "pt", "written_by": "hvdtrain"})
     atomic_write(folder / f"{name}.safetensors", lambda handle: handle.write(data))

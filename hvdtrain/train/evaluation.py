@@ -123,5 +123,6 @@ def predict(model: nn.Module, data: Any, world: runtime.World, batch_size: int, 
 def param_digest(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        # The bytes, whatever the dtype (numpy has no bfloat16).
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -17,6 +17,7 @@ from hvdtrain.config.train_config import TrainConfig, load_config
 from hvdtrain.data.datasets import Data, build_data, input_shape
 from hvdtrain.errors import UserError, first_line
 from hvdtrain.models.builtin import build_model
+from hvdtrain.models.compiled import load_plain_state
 from hvdtrain.train import checkpoint
 
 
@@ -84,7 +85,7 @@ def rebuild(config: TrainConfig, state: dict[str, torch.Tensor], data: Data, wei
         torch.manual_seed(config.seed)
         model = build_model(config, input_shape(data.train), data.num_classes)
     try:
-        model.load_state_dict(state)
+        load_plain_state(model, state)  # older files of compiled models carry `_orig_mod.` in their keys
     except (RuntimeError, TypeError, AttributeError, KeyError) as err:
         raise UserError(f"{weights or 'the weights'} does not fit the model of its config ({config.model}): "
                         f"{first_line(err, 160)}") from None

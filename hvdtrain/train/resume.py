@@ -11,6 +11,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data import fingerprint
 from hvdtrain.distributed import runtime
 from hvdtrain.errors import UserError, first_line
+from hvdtrain.models.compiled import load_plain_state
 from hvdtrain.train import checkpoint
 
 # What the data and its split are (every TrainConfig field that builds the data), and what `best` measures:
@@ -98,7 +99,7 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
                      "(--resume-changed-data accept)")
     wanted = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
-        model.load_state_dict(payload["model"])
+        load_plain_state(model, payload["model"])   # written by a compiled or plain model, into either
         optimizer.load_state_dict(payload["optimizer"])
     except (RuntimeError, ValueError, KeyError) as err:
         made_with = payload.get("config", {}).get("model", "?")

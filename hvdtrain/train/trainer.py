@@ -21,6 +21,7 @@ from hvdtrain.data.user_loader import prepare, unwrap
 from hvdtrain.distributed import collectives, driver_heartbeat, gradients, peer_watch, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
+from hvdtrain.models.compiled import compile_model, plain_state_dict
 from hvdtrain.models.pipeline import place
 from hvdtrain.output.claim import release
 from hvdtrain.output.console import banner_lines, console
@@ -103,6 +104,8 @@ class Trainer:
         model = sync_bn.convert_sync_bn(model) if config.sync_bn else model
         self.model = place(model, self.device, local_rank=world.local_rank, local_size=world.local_size,
                            stages=config.stages, split=config.stage_split, micro_batches=config.micro_batches)
+        if config.compile:  # after placement: compiled for the device it runs on
+            self.model = compile_model(self.model)
         self.step_fn = step_fn
         first = probe_batch(train_data, max(2, config.micro_batches), self.loading.collate_fn if self.loading else None)
         self.loss_fn: LossFn = loss_fn or default_loss(config.loss, first)
@@ -430,7 +433,7 @@ class Trainer:
         if not self.run_path:
             return None
         path = (checkpoint.save if replace else checkpoint.save_new)(checkpoint.checkpoint_dir(self.run_path), p.step, {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "model": plain_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
             "progress": p.values(stats=False), "world_size": len(per_rank),
             "rng": [r for r, _ in per_rank], "stats": [s for _, s in per_rank], "config": self.config.to_dict(),
             "data": self.data_fingerprint,
