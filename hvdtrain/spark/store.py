@@ -2,15 +2,20 @@
 
 Layout under the store (a local or shared path, or a URL pyarrow/fsspec can open: hdfs://, s3://):
 
-    STORE/hvdtrain-data/KEY/train/...parquet   the training rows
-    STORE/hvdtrain-data/KEY/val/...parquet     the held-out rows (when validation is asked for)
-    STORE/hvdtrain-data/KEY/_meta.json         columns, classes, row counts; written last
+    STORE/hvdtrain-data/KEY/attempt-ID/__hvdtrain_val=false/...parquet   the training rows
+    STORE/hvdtrain-data/KEY/attempt-ID/__hvdtrain_val=true/...parquet    the held-out rows (if asked for)
+    STORE/hvdtrain-data/KEY/_meta.json     the marker: names attempt-ID, its files, columns, classes,
+                                           row counts; written last, in one put
 
 KEY is a digest (after the run_id, when given) of the DataFrame's plan (Spark's semanticHash), its
 schema, its input files (path, size, modification time), the chosen columns and the validation split:
-the same DataFrame over the same files fitted again reuses the files
-(a `_meta.json` is there), a changed one is written anew. Spark writes into a staging folder that is
-renamed when complete and removed on any error, so the store never holds a half-written dataset.
+the same DataFrame over the same files fitted again reuses the files, a changed one is written anew.
+
+Nothing is ever renamed: object stores (S3, GCS) cannot rename a folder. Each write goes into a new
+attempt-ID folder under KEY and is trusted only once `_meta.json` names it; readers read only the
+attempt it names. A crashed write leaves an attempt no marker names: the next fit writes a fresh one
+beside it, and attempts the marker does not name are removed (best effort) once a marker exists. An
+error (bad column, too few rows) removes the attempt, so the store never holds a half-written dataset.
 """
 from __future__ import annotations
 
@@ -19,13 +24,16 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from hvdtrain.errors import UserError, first_line
 
 FOLDER = "hvdtrain-data"
 VAL_FLAG = "__hvdtrain_val"
+MARKER = "_meta.json"
 
 
 @dataclass(frozen=True)
@@ -166,29 +174,53 @@ def materialize(df: Any, store: str, feature_cols: list[str], label_cols: list[s
         raise UserError(f"validation {validation} must be a fraction in [0, 1) or a column name")
     fs, root = filesystem_of(store)
     key = data_key(df, feature_cols, label_cols, validation, seed, run_id)
-    final = f"{root}/{FOLDER}/{key}"
-    found = _read_meta(fs, final)
-    if found is not None:
-        return Materialized(store=store, key=key, reused=True, **found)
-
     columns = [vector_to_array(F.col(c)).alias(c) if _is_vector(df.schema[c].dataType) else F.col(c)
                for c in [*feature_cols, *label_cols]]
     if isinstance(validation, str):
         flag = F.col(validation).cast("boolean")
     else:
         flag = F.rand(seed) < F.lit(float(validation or 0))
-    out = df.select(*columns, flag.alias(VAL_FLAG))
+    out = df.select(*columns, flag.alias(VAL_FLAG))     # lazy: no Spark job unless ensure_key writes
     if partitions:
         out = out.repartition(partitions)
-    staging = f"{root}/{FOLDER}/.staging-{key}-{uuid.uuid4().hex[:8]}"
+    meta, reused = ensure_key(fs, root, key, partial(_spark_write, out, store, row_group_mb),
+                              feature_cols, label_cols, validation, min_rows=min_rows)
+    return Materialized(store=store, key=key, reused=reused, **_fields(meta))
+
+
+def _spark_write(out: Any, store: str, row_group_mb: int, path: str) -> None:
+    (out.write.mode("errorifexists").partitionBy(VAL_FLAG)
+     .option("parquet.block.size", str(row_group_mb << 20))
+     .parquet(spark_url(store, path)))
+
+
+def ensure_key(fs: Any, root: str, key: str, write: Callable[[str], None], feature_cols: list[str],
+               label_cols: list[str], validation: Any, *, min_rows: int = 1) -> tuple[dict[str, Any], bool]:
+    """KEY's marker: the complete attempt already there, or one new attempt written and marked complete.
+
+    The filesystem side of `materialize`, on any pyarrow filesystem; it never renames a folder.
+
+    Args:
+        write: writes the rows under the folder it is given, as `VAL_FLAG=false|true/*.parquet`; called
+            only when KEY has no complete attempt.
+    Returns:
+        (the marker's contents, True when they were found rather than written by this call).
+    Example:
+        meta, reused = ensure_key(fs, "/store", "df-1234", writer, ["x"], ["y"], 0.2)
+    """
+    final = f"{root}/{FOLDER}/{key}"
+    found = read_key(fs, final)
+    if found is not None:
+        _remove_stale(fs, final, found)
+        return found, True
+    attempt = f"attempt-{uuid.uuid4().hex[:12]}"
+    folder = f"{final}/{attempt}"
     created_root = not _exists(fs, root)
-    moved = False
     try:
-        (out.write.mode("errorifexists").partitionBy(VAL_FLAG)
-         .option("parquet.block.size", str(row_group_mb << 20))
-         .parquet(spark_url(store, staging)))
-        train_files = _parquet_files(fs, f"{staging}/{VAL_FLAG}=false")
-        val_files = _parquet_files(fs, f"{staging}/{VAL_FLAG}=true")
+        write(folder)
+        _reached("data")
+        train_files = _parquet_files(fs, f"{folder}/{VAL_FLAG}=false")
+        val_files = _parquet_files(fs, f"{folder}/{VAL_FLAG}=true")
         train_rows, val_rows = _rows(fs, train_files), _rows(fs, val_files)
         if train_rows < max(min_rows, 1):
             raise UserError(f"the DataFrame has {train_rows} training row(s) for {min_rows} worker(s) "
@@ -197,23 +229,62 @@ def materialize(df: Any, store: str, feature_cols: list[str], label_cols: list[s
         if validation and not val_rows:
             raise UserError(f"validation {validation!r} held out no rows of {train_rows}; use a larger fraction, "
                             "mark some rows in the column, or validation=None")
-        classes = _classes(fs, train_files, label_cols)
-        fs.move(staging, final)
-        moved = True
-        meta: dict[str, Any] = {"train_files": [f.replace(staging, final, 1) for f in train_files],
-                "val_files": [f.replace(staging, final, 1) for f in val_files],
-                "feature_cols": feature_cols, "label_cols": label_cols, "classes": classes,
-                "train_rows": train_rows, "val_rows": val_rows}
-        _write_meta(fs, final, meta)
+        meta: dict[str, Any] = {"attempt": attempt, "train_files": train_files, "val_files": val_files,
+                                "feature_cols": feature_cols, "label_cols": label_cols,
+                                "classes": _classes(fs, train_files, label_cols),
+                                "train_rows": train_rows, "val_rows": val_rows}
+        _reached("marker")
+        other = read_key(fs, final)   # a concurrent fit of the same data finished first: use its attempt
+        if other is not None:
+            _remove(fs, folder)
+            return other, True
+        _write_marker(fs, final, meta)
     except BaseException:
-        _remove(fs, staging)
-        if moved and _read_meta(fs, final) is None:  # ours, moved but not marked complete; never another fit's
-            _remove(fs, final)
+        _remove(fs, folder)
+        _remove_empty(fs, final)
         _remove_empty(fs, f"{root}/{FOLDER}")
         if created_root:
             _remove_empty(fs, root)
         raise
-    return Materialized(store=store, key=key, **meta)
+    _reached("cleanup")
+    _remove_stale(fs, final, meta)
+    return meta, False
+
+
+def read_key(fs: Any, final: str) -> dict[str, Any] | None:
+    """The marker of KEY's folder `final`, if it names an attempt whose files are all there; else None.
+
+    A missing, unreadable or half-written marker, or one naming files that are gone, means "not
+    written yet": the caller writes a fresh attempt. Markers from before attempts (no "attempt";
+    files directly under KEY) are read as they were.
+    """
+    import pyarrow.fs as pafs
+
+    try:
+        with fs.open_input_stream(f"{final}/{MARKER}") as stream:
+            meta = json.loads(stream.read())
+    except (OSError, ValueError):  # not there, or cut short by a crash while it was put
+        return None
+    wanted = ("train_files", "val_files", "feature_cols", "label_cols", "classes", "train_rows", "val_rows")
+    if not isinstance(meta, dict) or any(k not in meta for k in wanted) or "store" in meta or "key" in meta:
+        return None  # not a marker this layout wrote (a newer layout writes "store"/"key")
+    base = f"{final}/{meta['attempt']}" if meta.get("attempt") else final
+    try:
+        present = {i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True)) if i.is_file}
+    except OSError:
+        return None
+    if not set(meta["train_files"]) | set(meta["val_files"]) <= present:
+        return None
+    return meta
+
+
+def _fields(meta: dict[str, Any]) -> dict[str, Any]:
+    """The marker's entries that Materialized holds (the attempt's name is the store's own business)."""
+    return {k: v for k, v in meta.items() if k != "attempt"}
+
+
+def _reached(step: str) -> None:
+    """Each step of write_key ("data", "marker", "cleanup") passes here; the crash tests stop the process at one."""
 
 
 def _classes(fs: Any, files: list[str], label_cols: list[str]) -> list[Any] | None:
@@ -244,24 +315,31 @@ def _rows(fs: Any, files: list[str]) -> int:
     return sum(open_parquet(f, fs).metadata.num_rows for f in files)
 
 
-def _read_meta(fs: Any, folder: str) -> dict[str, Any] | None:
+def _write_marker(fs: Any, final: str, meta: dict[str, Any]) -> None:
+    # One put: on an object store the marker appears whole or not at all (no rename there, and none
+    # needed); on a local disk a crash mid-write leaves a marker read_key refuses, so a fresh attempt.
+    with fs.open_output_stream(f"{final}/{MARKER}") as stream:
+        stream.write(json.dumps(meta, indent=1).encode())
+
+
+def _remove_stale(fs: Any, final: str, meta: dict[str, Any]) -> None:
+    """Best effort: remove what the marker does not name under KEY (crashed or superseded attempts).
+    Markers from before attempts name files directly under KEY: nothing there is stale."""
     import pyarrow.fs as pafs
 
-    path = f"{folder}/_meta.json"
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with fs.open_input_stream(path) as stream:
-        meta = json.loads(stream.read())
-    if "store" in meta or "key" in meta:  # written by a newer layout: not ours to interpret
-        return None
-    return meta
-
-
-def _write_meta(fs: Any, folder: str, meta: dict[str, Any]) -> None:
-    # Written last, to a temporary name then moved: its presence means the folder is complete.
-    with fs.open_output_stream(f"{folder}/_meta.json.tmp") as stream:
-        stream.write(json.dumps(meta, indent=1).encode())
-    fs.move(f"{folder}/_meta.json.tmp", f"{folder}/_meta.json")
+    if not meta.get("attempt"):
+        return
+    keep = {f"{final}/{meta['attempt']}", f"{final}/{MARKER}"}
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(final, recursive=False))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.path.rstrip("/") not in keep:
+            try:
+                _remove(fs, entry.path)
+            except OSError:
+                pass  # another process removed it, or no permission: left for the next fit
 
 
 def _exists(fs: Any, path: str) -> bool:

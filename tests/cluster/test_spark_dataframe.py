@@ -2,6 +2,7 @@
 default), 2 Horovod workers streaming their own row groups from the store; transform() into a DataFrame."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -96,7 +97,9 @@ def test_the_same_dataframe_is_written_once_and_a_changed_one_again(spark, digit
     marked = digits.withColumn("held_out", (digits.id % 5 == 0))
     by_column = materialize(marked, store, PIXELS, ["label"], "held_out", run_id="digits-v1")
     assert by_column.key.startswith("digits-v1-") and by_column.val_rows == 360 and by_column.train_rows == 1437
-    assert not list(Path(store).rglob(".staging-*"))
+    for key in Path(store, "hvdtrain-data").iterdir():   # one attempt per key, named by its marker; no rename
+        assert sorted(p.name for p in key.iterdir()) == sorted([json.loads((key / "_meta.json").read_text())["attempt"],
+                                                                "_meta.json"]), key
 
 
 def test_digits_dataframe_trains_on_two_workers_and_transform_matches_trainer_predict(spark, digits, tmp_path,
