@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FOREIGN_FLAGS = {
     "--py-files", "--conf", "--master",  # spark-submit
     "--tag-output",  # mpirun
+    "--signal",  # scancel --signal=TERM
     "--format", "--env-file", "--build-arg", "--offline-base",  # podman / docker / docker/build.py
     "--backend-store-uri", "--logdir",  # mlflow ui, tensorboard
     "--check-build",  # horovodrun --check-build (in horovodrun --help only as a short form on some builds)
