@@ -1,13 +1,20 @@
 """One run per folder: rank 0 claims its run directory with a lock held for the run's life.
 
-The lock is `flock` on `.hvdtrain.lock` (holding the owner's PID and host): the kernel drops it when
-the owner exits, even by kill -9, so a lock left behind is known stale without guessing from PIDs.
+The lock is `flock` on `.hvdtrain.lock` (holding the owner's PID and host, and the job's id): the kernel
+drops it when the owner exits, even by kill -9, so a lock left behind is known stale without guessing from PIDs.
+
+An elastic job's rank 0 can move to another process (the first one lost, a survivor renumbered): the new
+rank 0 takes the lock over (`Handover`), recognising the job by the id in the file, so the folder stays this
+job's for its whole life and a concurrent `--resume auto --name X` is refused; a lock of another job is
+never taken over.
 """
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import socket
+import threading
 from pathlib import Path
 
 from hvdtrain.errors import UserError
@@ -16,6 +23,24 @@ from hvdtrain.output.console import console
 LOCK = ".hvdtrain.lock"
 # folder -> (the open, locked file, the folders this claim made, deepest first); one training per process at a time
 _held: dict[str, tuple[int, tuple[Path, ...]]] = {}
+HANDOVER_POLL_S = 0.2   # a new rank 0 waiting for its job's old rank 0 to let go: the gap another run could use
+_JOB = re.compile(r"\bjob ([0-9A-Za-z_-]+)")
+
+
+def owner_line(job: str = "") -> str:
+    """What the lock file says of its holder.
+
+    Example:
+        >>> job_of(owner_line("a1b2")), job_of("pid 4242 on elsewhere")
+        ('a1b2', '')
+    """
+    return f"pid {os.getpid()} on {socket.gethostname()}" + (f", job {job}" if job else "")
+
+
+def job_of(owner: str) -> str:
+    """The job id in a lock file's text ('' for none: a run of another kind, or an older hvdtrain)."""
+    found = _JOB.search(owner)
+    return found.group(1) if found else ""
 
 
 def _make(path: Path) -> tuple[Path, ...]:
@@ -26,12 +51,13 @@ def _make(path: Path) -> tuple[Path, ...]:
     return missing
 
 
-def claim(folder: str | Path, *, fresh: bool) -> int:
+def claim(folder: str | Path, *, fresh: bool, job: str = "") -> int:
     """Lock `folder` for this process, or raise a one-line UserError naming the run that holds it.
 
     Args:
         fresh: the folder is for a new run, so one that already holds files (another run's) is refused;
             False for a resume, which continues the run found there.
+        job: this run's id, written in the lock file, by which a later rank 0 of an elastic job knows it.
     Returns:
         The lock's token, for `release`.
     """
@@ -67,13 +93,17 @@ def claim(folder: str | Path, *, fresh: bool) -> int:
                         "continue it")
     if left:
         console.line(f"hvdtrain: note: {path} was locked by a run that is gone ({left}); taking it over")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    _write_owner(fd, job)
     _held[str(path)] = (fd, made)
     return fd
 
 
-def claim_new(parent: str | Path, stem: str) -> tuple[Path, int]:
+def _write_owner(fd: int, job: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, owner_line(job).encode(), 0)
+
+
+def claim_new(parent: str | Path, stem: str, job: str = "") -> tuple[Path, int]:
     """A new folder PARENT/STEM (or STEM-2, STEM-3...), created here so no other run gets the same name."""
     suffix = 1
     while True:
@@ -83,7 +113,7 @@ def claim_new(parent: str | Path, stem: str) -> tuple[Path, int]:
         except FileExistsError:
             suffix += 1  # two runs in the same second, e.g. fit twice in a notebook
             continue
-        token = claim(path, fresh=True)
+        token = claim(path, fresh=True, job=job)
         _held[str(path)] = (token, made)
         return path, token
 
@@ -111,3 +141,80 @@ def _same_file(fd: int, path: Path) -> bool:
         return os.path.samestat(os.fstat(fd), os.stat(path))
     except FileNotFoundError:
         return False
+
+
+class Handover:
+    """The lock of an elastic job's run folder, for the process that is rank 0 now (see the module's doc).
+
+    `take()` once, on the new rank 0: when the lock is free and names this job (its holder gone), it is this
+    process's at once; when a live process of this job still holds it (the old rank 0, lost but not yet ended,
+    or still in the job under another rank), a thread takes it the moment it is let go. A lock that names
+    another job, held or left, raises a one-line UserError: another run has used the folder meanwhile.
+
+    Example:
+        >>> hand = Handover(run_path, plan["job"])   # doctest: +SKIP
+        >>> hand.take(); ...; hand.release()           # doctest: +SKIP
+    """
+
+    def __init__(self, folder: str | Path, job: str) -> None:
+        self.path, self.job = Path(folder), job
+        self.token: int | None = None
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.lost_to: str | None = None   # set when another run took the folder while this job waited for it
+
+    def take(self) -> None:
+        if str(self.path) in _held or self.token is not None:
+            return   # this process holds it already (the job's first rank 0, still rank 0)
+        if not self._try():
+            self.thread = threading.Thread(target=self._wait, name="hvdtrain-run-dir-handover", daemon=True)
+            self.thread.start()
+
+    def _try(self) -> bool:
+        """One attempt: True when this process holds the lock now, False while this job's old holder does."""
+        lock = self.path / LOCK
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            owner = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                owner = owner or "another process"
+                if job_of(owner) != self.job:
+                    raise UserError(f"run directory {self.path} is in use by another run ({owner}) since this "
+                                    "elastic job's rank 0 changed; the job stops (its checkpoints are there: "
+                                    "--resume auto continues it once that run ends)") from None
+                return False
+            if _same_file(fd, lock):
+                break
+            os.close(fd)   # the holder unlinked it as it let go: a lock on that file claims nothing
+        owner = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if owner and job_of(owner) != self.job:
+            os.close(fd)   # left by another run that used the folder while this job's rank 0 changed
+            raise UserError(f"run directory {self.path} was used by another run ({owner}) while this elastic "
+                            "job's rank 0 changed; the job stops rather than mix the two runs' files")
+        _write_owner(fd, self.job)
+        _held[str(self.path)] = (fd, ())
+        self.token = fd
+        console.line(f"hvdtrain: note: rank 0 moved to this process (pid {os.getpid()} on {socket.gethostname()}); "
+                     f"it holds {self.path} for the job now")
+        return True
+
+    def _wait(self) -> None:
+        while not self.done.wait(HANDOVER_POLL_S):
+            try:
+                if self._try():
+                    return
+            except UserError as err:   # too late to stop the job cleanly from here: say so once
+                self.lost_to = str(err)
+                console.error(f"error: {err}")
+                return
+
+    def release(self) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        if self.token is not None:
+            release(self.path, self.token)
+            self.token = None

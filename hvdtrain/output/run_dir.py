@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -54,17 +55,18 @@ def plan_run_dir(config: TrainConfig) -> dict[str, Any]:
 
 def _claim(config: TrainConfig) -> dict[str, Any]:
     if not config.run_dir:
-        return {"path": None, "error": None, "claim": None}
+        return {"path": None, "error": None, "claim": None, "job": ""}
+    job = secrets.token_hex(8)   # in the lock file: an elastic job's later rank 0 knows its own job's lock by it
     try:
         if config.name:
             path = Path(config.run_dir) / config.name
-            token = claim(path, fresh=not config.resume)
+            token = claim(path, fresh=not config.resume, job=job)
         else:
             stem = f"{config.model}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-            path, token = claim_new(config.run_dir, stem.replace(":", "_").replace("/", "_"))
+            path, token = claim_new(config.run_dir, stem.replace(":", "_").replace("/", "_"), job=job)
     except UserError as err:
-        return {"path": None, "error": str(err), "claim": None}
-    return {"path": str(path), "error": None, "claim": token}
+        return {"path": None, "error": str(err), "claim": None, "job": ""}
+    return {"path": str(path), "error": None, "claim": token, "job": job}
 
 
 class RunLog:

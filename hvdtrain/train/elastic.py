@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,9 @@ from typing import Any, Protocol
 
 import torch
 
-from hvdtrain.distributed import elastic_state, runtime
+from hvdtrain.distributed import collectives, elastic_state, runtime
+from hvdtrain.errors import UserError
+from hvdtrain.output.claim import Handover
 from hvdtrain.output.console import console
 from hvdtrain.train import checkpoint
 from hvdtrain.train.progress import Progress
@@ -71,6 +74,7 @@ class ElasticRun:
         self._own_stats: Any = None
         self._final: Progress | None = None
         self._claim: Path | None = None     # this rank saves the last commit while waiting (see below)
+        self._handover: Handover | None = None   # the run folder's lock, once this process has been rank 0
         self.size = 0                       # workers at the last (re)start, to tell when some were lost
         # The timers' callbacks act only while the world is re-forming, and training waits for one that runs.
         self._reset_lock = threading.Lock()
@@ -104,6 +108,7 @@ class ElasticRun:
         plan, found = state.start["plan"], state.start["resume"]
         # Metric sums are per rank: a survivor keeps its own, a worker that just joined starts from zero.
         self._note_world()
+        self._hold_run_dir(plan)
         p.stats = self._own_stats if self._own_stats is not None else self.loop.zero_stats()
         self._own_stats = None
         # On every rank at once (the verdict came by the sync); rank 0 may be another process than at the start.
@@ -114,6 +119,26 @@ class ElasticRun:
         # each worker's own pre-sync weights (and a resumed run's progress without its weights).
         state.progress = p.copy()
         state.save()
+
+    def _hold_run_dir(self, plan: dict[str, Any] | None) -> None:
+        """The run folder stays locked while the job runs, whichever process is rank 0 now (output/claim.py):
+        the first rank 0 claimed it; a later one takes the lock over from it (this job's, by the id in the
+        file) once it lets go. A folder another run has taken meanwhile stops the job on every rank."""
+        if not plan or not plan["path"] or not plan.get("job"):
+            return   # the same on every rank (the plan came with the sync): all make the broadcast, or none
+        refused = None
+        if runtime.world().is_root and self._handover is None:
+            handover = Handover(plan["path"], plan["job"])
+            try:
+                handover.take()
+            except UserError as err:
+                refused = str(err)
+            else:
+                self._handover = handover
+                weakref.finalize(self, handover.release)   # held while the run's Trainer lives
+        refused = collectives.broadcast_object(refused, name="hvdtrain.run_dir_handover")
+        if refused:
+            raise UserError(refused)
 
     def _on_reset(self) -> None:
         """Workers joined or left: keep this rank's own sums, re-shard the rest of the epoch, rescale the LR."""
