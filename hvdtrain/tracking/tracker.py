@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.environment import process
+from hvdtrain.environment.credentials import redact
 from hvdtrain.errors import first_line
 from hvdtrain.tracking import context
 from hvdtrain.tracking.mlflow_sink import RUN_FILE, MlflowSink
@@ -68,7 +69,8 @@ class Tracker:
         self.run_dir = run_dir
         self.branch_from = branch_from
         self.say = say
-        self.warn = warn
+        # A sink's error can quote its URI, password and all: every warning line is redacted.
+        self.warn: Callable[[str], None] = lambda line: warn(redact(line))
         self.failed = False
         self.queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.closing = threading.Event()    # cuts the pause between sends short: the run is ending
