@@ -87,7 +87,7 @@ def _init_state(optimizer: torch.optim.Optimizer) -> None:
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
     if type(optimizer).__module__ == hvd.DistributedOptimizer.__module__:
-        super(type(optimizer), optimizer).step()
+        super(type(optimizer), optimizer).step()  # type: ignore[misc]  # the wrapped class's, as Horovod
     else:
         optimizer.step()
 

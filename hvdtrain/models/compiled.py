@@ -1,19 +1,10 @@
-"""torch.compile'd models: trained compiled, saved and loaded as the plain model.
-
-`torch.compile(model)` wraps the model in an OptimizedModule whose state_dict keys all start with
-`_orig_mod.` (a compiled submodule inside a container gets `_orig_mod.` in the middle of its keys). Files
-written with those keys do not load into the plain model, so hvdtrain saves the plain keys and, when
-loading, accepts either spelling into a compiled or a plain model.
-"""
+"""torch.compile'd models: trained compiled, saved and loaded as the plain model (output/plain_weights.py)."""
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
 
-WRAPPER = "_orig_mod"   # the attribute (and state_dict key part) torch.compile adds
+from hvdtrain.output.plain_weights import WRAPPER
 
 
 def compile_model(model: nn.Module) -> nn.Module:
@@ -22,46 +13,7 @@ def compile_model(model: nn.Module) -> nn.Module:
     The first steps (and the first evaluation: no_grad and eval mode are compiled apart) are slow while
     the graphs compile; on CPU that needs a C++ compiler.
     """
-    return model if hasattr(model, WRAPPER) else torch.compile(model)
-
-
-def plain(model: nn.Module) -> nn.Module:
-    """The module beneath a top-level torch.compile wrapper (the model itself when not compiled).
-
-    Example:
-        >>> net = nn.Linear(2, 2)
-        >>> plain(torch.compile(net)) is net, plain(net) is net
-        (True, True)
-    """
-    return getattr(model, WRAPPER, model)
-
-
-def plain_key(key: str) -> str:
-    """A state_dict key without torch.compile's `_orig_mod` parts.
-
-    Example:
-        >>> plain_key("_orig_mod.0.weight"), plain_key("encoder._orig_mod.fc.bias"), plain_key("fc.bias")
-        ('0.weight', 'encoder.fc.bias', 'fc.bias')
-    """
-    return ".".join(part for part in key.split(".") if part != WRAPPER)
-
-
-def plain_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """`state` with every key spelled as the plain model spells it (older files may carry `_orig_mod.`)."""
-    return {plain_key(key): value for key, value in state.items()}
-
-
-def plain_state_dict(model: nn.Module) -> dict[str, Any]:
-    """The model's state_dict as the uncompiled model has it: what weights files and checkpoints hold."""
-    return plain_state(plain(model).state_dict())
-
-
-def load_plain_state(model: nn.Module, state: Mapping[str, Any], strict: bool = True) -> Any:
-    """model.load_state_dict(state), whichever of model and state went through torch.compile.
-
-    Keys are matched by their plain spelling; a key the model does not have is passed on unchanged, so a
-    strict load still names it. Returns what load_state_dict returns (missing and unexpected keys).
-    """
-    own = {plain_key(key): key for key in model.state_dict()}
-    renamed = {own.get(plain_key(key), key): value for key, value in state.items()}
-    return model.load_state_dict(renamed, strict=strict)
+    if hasattr(model, WRAPPER):
+        return model
+    compiled: nn.Module = torch.compile(model)  # type: ignore[assignment]  # an OptimizedModule
+    return compiled

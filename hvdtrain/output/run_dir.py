@@ -13,10 +13,10 @@ from torch import nn
 
 from hvdtrain.config.train_config import TrainConfig, to_yaml
 from hvdtrain.errors import UserError
-from hvdtrain.models.compiled import plain, plain_state_dict
 from hvdtrain.output.claim import claim, claim_new, release
 from hvdtrain.output.console import console
 from hvdtrain.output.files import atomic_write, write_text
+from hvdtrain.output.plain_weights import plain, plain_state_dict
 from hvdtrain.tracking import Tracker, start, system
 
 # The folder `claim_early` took for a run whose data is still loading, for its Trainer to take over.

@@ -17,7 +17,7 @@ from hvdtrain.config.train_config import TrainConfig, load_config
 from hvdtrain.data.datasets import Data, build_data, input_shape
 from hvdtrain.errors import UserError, first_line
 from hvdtrain.models.builtin import build_model
-from hvdtrain.models.compiled import load_plain_state
+from hvdtrain.output.plain_weights import load_plain_state
 from hvdtrain.train import checkpoint
 
 

@@ -11,7 +11,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data import fingerprint
 from hvdtrain.distributed import runtime
 from hvdtrain.errors import UserError, first_line
-from hvdtrain.models.compiled import load_plain_state
+from hvdtrain.output.plain_weights import load_plain_state
 from hvdtrain.train import checkpoint
 
 # What the data and its split are (every TrainConfig field that builds the data), and what `best` measures:

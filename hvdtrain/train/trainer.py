@@ -21,11 +21,12 @@ from hvdtrain.data.user_loader import prepare, unwrap
 from hvdtrain.distributed import collectives, driver_heartbeat, gradients, peer_watch, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
-from hvdtrain.models.compiled import compile_model, plain_state_dict
+from hvdtrain.models.compiled import compile_model
 from hvdtrain.models.pipeline import place
 from hvdtrain.output.claim import release
 from hvdtrain.output.console import banner_lines, console
 from hvdtrain.output.history import History
+from hvdtrain.output.plain_weights import plain_state_dict
 from hvdtrain.output.run_dir import RunLog, claim_early, drop_early, plan_run_dir
 from hvdtrain.tracking import system
 from hvdtrain.train import checkpoint

@@ -11,7 +11,8 @@ from torch import nn
 from hvdtrain.config.train_config import load_config
 from hvdtrain.distributed.wire import Bf16AsFp32
 from hvdtrain.errors import ConfigError
-from hvdtrain.models.compiled import compile_model, load_plain_state, plain, plain_state_dict
+from hvdtrain.models.compiled import compile_model
+from hvdtrain.output.plain_weights import load_plain_state, plain, plain_state_dict
 from hvdtrain.output.run_dir import write_weights
 from hvdtrain.train.evaluation import param_digest
 
@@ -85,3 +86,12 @@ def test_the_weight_digest_reads_bf16_and_scalars():
     model = net().to(torch.bfloat16)
     assert param_digest(model) == param_digest(model) != param_digest(net())
     assert param_digest(net()) == param_digest(net())  # the fp32 digest: the same bytes as before
+
+
+def test_the_examples_in_plain_weights_run():
+    import doctest
+
+    from hvdtrain.output import plain_weights
+
+    result = doctest.testmod(plain_weights)
+    assert result.attempted and not result.failed
