@@ -1,0 +1,53 @@
+"""The scripts the docs tell a newcomer to copy run as written (issue 41): the quickstart's own-model script
+(examples/own_script/train.py) and the migration guide's "before" and "after" scripts (examples/migrate/), each
+on one worker in an empty folder. The own script on two workers and on two hosts: tests/multirank and
+tests/cluster/test_own_script_two_hosts.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, show
+
+OWN = ROOT / "examples" / "own_script" / "train.py"
+MIGRATE = ROOT / "examples" / "migrate"
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONPATH=str(ROOT))
+
+
+def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def epochs(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["kind"] == "epoch"]
+
+
+def test_the_own_script_trains_on_one_worker_and_takes_config_keys(tmp_path: Path) -> None:
+    done = run([sys.executable, str(OWN), "--epochs", "2", "--threads", "1", "--name", "one"], tmp_path)
+    assert done.returncode == 0, show(done)
+    assert "hvdtrain: done  1 worker(s)  2 epochs" in done.stdout + done.stderr, show(done)
+    records = epochs(tmp_path / "runs" / "one")
+    assert [r["epoch"] for r in records] == [0, 1]   # metrics.jsonl counts from 0, the console from 1
+    assert records[-1]["val_acc"] > 0.8
+    assert (tmp_path / "runs" / "one" / "model.pt").exists()
+
+
+@pytest.mark.parametrize("before", ["train_horovod.py", "train_ddp.py"])
+def test_a_migration_before_script_runs(before: str, tmp_path: Path) -> None:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"] if "ddp" in before else \
+        [sys.executable]
+    done = run([*launcher, str(MIGRATE / before)], tmp_path)
+    assert done.returncode == 0, show(done)
+    assert "epoch 2 loss" in done.stdout and (tmp_path / "model.pt").exists(), show(done)
+
+
+def test_the_migration_after_script_trains(tmp_path: Path) -> None:
+    done = run([sys.executable, str(MIGRATE / "train_hvdtrain.py"), "--threads", "1", "--name", "after"], tmp_path)
+    assert done.returncode == 0, show(done)
+    records = epochs(tmp_path / "runs" / "after")
+    assert len(records) == 3 and records[-1]["train_acc"] > 0.8, records
