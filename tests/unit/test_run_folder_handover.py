@@ -164,3 +164,10 @@ def test_the_plan_carries_the_job_id_written_in_the_lock(tmp_path):
         assert plan["job"] and claim.job_of((tmp_path / "x" / claim.LOCK).read_text()) == plan["job"]
     finally:
         claim.release(plan["path"], plan["claim"])
+
+
+def test_the_examples_in_claim_run():
+    import doctest
+
+    result = doctest.testmod(claim)
+    assert result.attempted and not result.failed
