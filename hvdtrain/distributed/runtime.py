@@ -2,7 +2,7 @@
 
 Horovod's start, who we are, and how the ranks talk. The package is split by concern, as Horovod's own
 `horovod/torch` is: settings (what hvd.init reads), collectives, gradients (DistributedOptimizer),
-wait, sync_bn, elastic_state.
+wait, wire (bfloat16 as float32), sync_bn, elastic_state.
 """
 from __future__ import annotations
 
