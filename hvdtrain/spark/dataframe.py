@@ -24,6 +24,7 @@ from hvdtrain.config.train_config import TrainConfig, load_config
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.output.history import History
+from hvdtrain.output.plain_weights import load_plain_state, plain_state_dict
 from hvdtrain.spark.store import Materialized, materialize
 
 
@@ -64,7 +65,7 @@ def train_on_store(job: DataFrameJob) -> dict[str, Any]:
               "peak_rss_growth": _peak_rss_growth()}
     if world.rank == 0:
         report["history"] = history
-        report["state"] = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
+        report["state"] = {k: v.detach().cpu() for k, v in plain_state_dict(trainer.model).items()}  # --compile too
     return report
 
 
@@ -226,7 +227,7 @@ def fit_dataframe(model_or_config: Any, df: Any, *, feature_cols: Sequence[str] 
     root = next(r for r in reports if r["rank"] == 0)
     trained = copy.deepcopy(model) if model is not None else build_model(config, (root["input_width"],),
                                                                            data.num_outputs)
-    trained.load_state_dict(root["state"])
+    load_plain_state(trained, root["state"])    # the user's model may be a compiled one
     return SparkModel(trained.eval(), root["history"], data, [{k: v for k, v in r.items() if k not in (
         "history", "state")} for r in reports])
 
