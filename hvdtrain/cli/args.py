@@ -66,10 +66,12 @@ class Commands(Protocol):
 def command_parser(commands: Commands | None, name: str, doc: str | None, *, config: bool = False) -> Parser:
     """The parser of `hvdtrain NAME`, registered in `commands` when given; `doc` is the module docstring.
 
-    Its first line, "`hvdtrain NAME ...`: what it does.", gives the one-line summary `hvdtrain --help` lists.
+    Its first sentence, "`hvdtrain NAME ...`: what it does.", gives the one-line summary `hvdtrain --help`
+    lists (the usage in backticks may run over several lines).
     """
     text = doc or ""
-    summary = text.split("\n", 1)[0].split("`: ", 1)[-1]
+    first = " ".join(text.split("\n\n", 1)[0].split())
+    summary = first.split("`: ", 1)[-1].split(". ", 1)[0].rstrip(".") + "."
     if commands is None:
         return Parser(f"hvdtrain {name}", text, config=config)
     return commands.add_parser(name, help=summary, description=text, config=config)
