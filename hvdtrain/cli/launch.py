@@ -1,6 +1,6 @@
-"""`hvdtrain launch [--secrets-dir DIR] HOROVODRUN_ARGS...`: horovodrun, with credentials off every command line.
+"""`hvdtrain launch [--secrets-dir DIR] [--grace-s N] ARGS...`: horovodrun, with credentials off every command line.
 
-Everything after the optional --secrets-dir goes to horovodrun unchanged. Credential-like variables
+Everything after the optional --secrets-dir and --grace-s goes to horovodrun unchanged. Credential-like variables
 (hvdtrain/launcher/secrets.py) go to the workers in a 0600 file in DIR (default: the launching
 directory, which horovodrun makes every worker's working directory, so it must be visible at the same
 path on every host, as a relative --run-dir must); the file is removed when horovodrun exits.
@@ -8,6 +8,8 @@ An elastic job (--min-np or --host-discovery-script) ends with a one-line error 
 hosts when it has had fewer than --min-np slots for --start-timeout seconds (launcher/elastic_driver.py).
 Its workers' heartbeats to that driver are sealed with a fresh per-job key, which travels in the same 0600
 file (HVDTRAIN_CONTROL_KEY; distributed/control_wire.py).
+SIGTERM to this process reaches the workers through horovodrun, which kills them 5 s later; --grace-s N (or
+HVDTRAIN_GRACE_S=N) gives them N seconds to write their stop checkpoint (launcher/grace.py; Gloo, not elastic).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
 from hvdtrain.errors import UserError
+from hvdtrain.launcher.grace import GRACE_ENV, grace_s
 
 ELASTIC_FLAGS = ("--min-np", "--host-discovery-script")
 
@@ -34,6 +37,8 @@ def parser(commands: Commands | None = None) -> Parser:
     p = command_parser(commands, "launch", __doc__)
     p.add_argument("--secrets-dir", metavar="DIR", help="folder of the 0600 credentials file (default: the "
                    "launching directory)")
+    p.add_argument("--grace-s", metavar="N", help="seconds between SIGTERM and SIGKILL for the workers when the "
+                   f"job is stopped (default: ${GRACE_ENV}, else Horovod's 5)")
     p.add_argument("horovodrun_args", nargs="...", metavar="HOROVODRUN_ARGS",
                    help="passed to horovodrun unchanged, e.g. -np 2 -H a:1,b:1 python -m hvdtrain")
     return p
@@ -51,16 +56,16 @@ def main(args: list[str]) -> int:
     if args[0] in ("-h", "--help"):
         parser().print_help()
         return 0
-    secrets_dir = Path.cwd()
-    if args[0] == "--secrets-dir":
-        if len(args) < 2:
-            raise UserError("launch: --secrets-dir needs a folder, then horovodrun's arguments "
-                            "(see `hvdtrain launch --help`)")
-        secrets_dir, args = Path(args[1]).resolve(), args[2:]
+    secrets_dir, grace, args = _own_options(args)
     elastic = is_elastic(args)
+    if grace and elastic:
+        raise UserError("launch: --grace-s (HVDTRAIN_GRACE_S) is not supported for elastic jobs yet: Horovod's "
+                        "elastic driver stops its workers on its own terms")
     # The elastic driver and its workers authenticate their heartbeats with this key: a credential, so it goes
     # in the secrets file. (A non-elastic job's peer watch agrees its key over Horovod itself.)
-    job_env = {**os.environ, CONTROL_KEY_ENV: new_key()} if elastic else os.environ
+    job_env = {**os.environ, CONTROL_KEY_ENV: new_key()} if elastic else dict(os.environ)
+    if grace:
+        job_env[GRACE_ENV] = grace
     env, secrets_file, names = worker_env(job_env, secrets_dir)
     env.update(mpirun_defaults(env))   # under --mpi: mpirun gives up on a host cut off, instead of waiting for ever
     names = [name for name in names if name != CONTROL_KEY_ENV]
@@ -69,7 +74,9 @@ def main(args: list[str]) -> int:
                      "not on their command lines")
     try:
         # An elastic job runs horovodrun in a child Python that also bounds the time below --min-np.
-        command = [sys.executable, "-m", "hvdtrain.launcher.elastic_driver"] if elastic else [horovodrun()]
+        # With a grace, horovodrun runs in a Python that first sets Horovod's grace (launcher/grace.py).
+        command = ([sys.executable, "-m", "hvdtrain.launcher.elastic_driver"] if elastic else
+                   [sys.executable, "-m", "hvdtrain.launcher.grace"] if grace else [horovodrun()])
         proc = subprocess.Popen([*command, *args], env=env)
         # horovodrun passes SIGTERM on to its workers; Ctrl-C reaches it directly (same process group).
         # A hangup stops the job the same way: left to its default, SIGHUP would end this process before
@@ -83,3 +90,25 @@ def main(args: list[str]) -> int:
                 continue  # horovodrun got the same SIGINT and stops its workers; wait for it
     finally:
         remove_quietly(secrets_file)
+
+
+def _own_options(args: list[str]) -> tuple[Path, str, list[str]]:
+    """(--secrets-dir, --grace-s as text or '' for Horovod's own, horovodrun's arguments) from the front of
+    `args`; argparse is not used as it would take horovodrun's options for its own."""
+    secrets_dir, grace = Path.cwd(), os.environ.get(GRACE_ENV, "").strip()
+    while args and args[0] in ("--secrets-dir", "--grace-s"):
+        if len(args) < 2:
+            what = "a folder" if args[0] == "--secrets-dir" else "a number of seconds"
+            raise UserError(f"launch: {args[0]} needs {what}, then horovodrun's arguments "
+                            "(see `hvdtrain launch --help`)")
+        if args[0] == "--secrets-dir":
+            secrets_dir = Path(args[1]).resolve()
+        else:
+            grace = args[1]
+        args = args[2:]
+    if grace:
+        try:
+            grace = str(grace_s(grace))
+        except ValueError as err:
+            raise UserError(f"launch: --grace-s / {GRACE_ENV}: {err}") from None
+    return secrets_dir, grace, args

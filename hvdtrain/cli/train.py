@@ -5,8 +5,13 @@ Run under horovodrun for several workers, e.g.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hvdtrain.cli.args import Commands, Parser, command_parser
 from hvdtrain.errors import UserError, peer_failure_of
+
+if TYPE_CHECKING:
+    from hvdtrain.config.train_config import TrainConfig
 
 
 def parser(commands: Commands | None = None) -> Parser:
@@ -19,8 +24,8 @@ def main(args: list[str]) -> int:
     from hvdtrain.train.signals import STOP
     from hvdtrain.train.trainer import fit
 
-    _, config = parser().parse_with_config(args)
-    STOP.install()
+    config = _config(args)
+    STOP.install()   # SIGINT, SIGTERM, SIGUSR1 (a scheduler's early warning): checkpoint and stop
     try:
         fit(config)  # Horovod shuts itself down at exit
     except Stopped as stop:
@@ -31,6 +36,24 @@ def main(args: list[str]) -> int:
     except Exception as err:
         return report_crash(err)
     return 0
+
+
+def _config(args: list[str]) -> TrainConfig:
+    """The config from the command line, with the defaults a Slurm job implies for keys not given there:
+    --name slurm-<job id>, and --resume auto once the job was requeued (cluster/slurm.py)."""
+    import os
+
+    from hvdtrain.cluster.slurm import with_requeue_defaults
+    from hvdtrain.config.train_config import load_config, parse_overrides, read_yaml
+    from hvdtrain.output.console import console
+
+    options, rest = parser().parse_known_args(args)
+    config = load_config(options.config, rest)
+    given = {str(key).replace("-", "_") for key in (read_yaml(options.config) if options.config else {})}
+    config, note = with_requeue_defaults(config, given | set(parse_overrides(rest)), os.environ)
+    if note:
+        console.line(f"hvdtrain: {note}")
+    return config
 
 
 def report_crash(err: Exception) -> int:

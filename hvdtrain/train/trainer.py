@@ -43,7 +43,7 @@ from hvdtrain.train.optim import make_optimizer
 from hvdtrain.train.precision import autocast, check_precision, make_scaler
 from hvdtrain.train.progress import Progress
 from hvdtrain.train.resume import apply_resume, read_on_root
-from hvdtrain.train.signals import STOP, agreed_signal, stop_flags
+from hvdtrain.train.signals import STOP, STOP_SIGNALS, agreed_signal, stop_flags
 from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, labels_in_range, run_step
 
 AfterEpoch = Callable[[dict[str, Any]], bool]
@@ -352,7 +352,8 @@ class Trainer:
         size = self.metrics.size
         extra = torch.tensor([*stop_flags(STOP.signum), float(seen)], dtype=torch.float64)
         total = collectives.allreduce_sum(torch.cat([p.stats, extra]), name=name)
-        return total[:size], agreed_signal(total[size:size + 2].tolist()), int(total[size + 2].item())
+        flags = len(STOP_SIGNALS)
+        return total[:size], agreed_signal(total[size:size + flags].tolist()), int(total[size + flags].item())
 
     def _log_interval(self, p: Progress, lr_factor: float) -> None:
         total, signum, _ = self._reduce(p, "train_stats")   # one allreduce per log interval, not per step

@@ -104,7 +104,7 @@ def test_stop_signal_is_the_maximum_not_the_mean():
     summed = [a + b for a, b in zip(stop_flags(signal.SIGTERM), stop_flags(0), strict=True)]
     assert agreed_signal(summed) == signal.SIGTERM
     both = [a + b for a, b in zip(stop_flags(signal.SIGINT), stop_flags(signal.SIGTERM), strict=True)]
-    assert agreed_signal(both) == signal.SIGTERM and agreed_signal([0.0, 0.0]) == 0
+    assert agreed_signal(both) == signal.SIGTERM and agreed_signal(stop_flags(0)) == 0
 
 
 # ---- one real Horovod worker, in-process

@@ -26,6 +26,15 @@ class _Slow(nn.Module):
         self.hold = os.environ.get("FAULTS_HOLD_FILE", "")
         self.hold_after = int(os.environ.get("FAULTS_HOLD_AFTER", "4"))
 
+    def state_dict(self, *args, **kwargs):
+        """FAULTS_SAVE_SLEEP_S=N: once a stop signal was noted (the stop checkpoint), taking the weights for the
+        checkpoint lasts N s longer, like a large model written to slow storage."""
+        from hvdtrain.train.signals import STOP
+
+        if STOP.signum:
+            time.sleep(float(os.environ.get("FAULTS_SAVE_SLEEP_S", "0")))
+        return super().state_dict(*args, **kwargs)
+
     def forward(self, x):
         time.sleep(self.seconds)
         if self.training and self.hold:

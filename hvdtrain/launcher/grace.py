@@ -1,0 +1,58 @@
+"""`python -m hvdtrain.launcher.grace HOROVODRUN_ARGS...`: horovodrun with a longer grace after SIGTERM.
+
+Horovod 0.28.1's launcher gives its workers GRACEFUL_TERMINATION_TIME_S (5 s) between SIGTERM and SIGKILL
+(horovod/runner/common/util/safe_shell_exec.py), too short for a checkpoint of a large model to reach disk.
+`hvdtrain launch --grace-s N` (or HVDTRAIN_GRACE_S=N) runs horovodrun through this module, which sets that
+constant to N. The constant is read in the "middleman" processes Horovod starts with multiprocessing's spawn
+method; spawn re-imports this module (the main module, as __mp_main__) in each of them before it runs its
+target, so the assignment below, at import time, holds there too.
+
+This is Horovod's private name, so it lives in this one module, which checks the version it was written for.
+Horovod's launcher owns the workers only under Gloo: with --mpi, horovodrun exec()s mpirun, whose own rules
+apply after SIGTERM.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+GRACE_ENV = "HVDTRAIN_GRACE_S"
+WRITTEN_FOR = "0.28.1"
+
+
+def grace_s(text: str) -> int:
+    """A grace in whole seconds, >= 1, or a ValueError saying why not.
+
+    Example:
+        >>> grace_s("60")
+        60
+    """
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"the grace must be a whole number of seconds >= 1, got {text!r}")
+    return int(text)
+
+
+def apply(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
+    """Set Horovod's grace from HVDTRAIN_GRACE_S (unset: Horovod's own 5 s stays); the grace now in force."""
+    import horovod
+    from horovod.runner.common.util import safe_shell_exec
+
+    text = environ.get(GRACE_ENV, "").strip()
+    if not text:
+        return None
+    if horovod.__version__ != WRITTEN_FOR or not hasattr(safe_shell_exec, "GRACEFUL_TERMINATION_TIME_S"):
+        raise RuntimeError(f"{GRACE_ENV} sets Horovod {WRITTEN_FOR}'s safe_shell_exec.GRACEFUL_TERMINATION_TIME_S; "
+                           f"Horovod {horovod.__version__} is installed: check that it still has it, then update "
+                           "hvdtrain/launcher/grace.py")
+    safe_shell_exec.GRACEFUL_TERMINATION_TIME_S = grace_s(text)
+    return safe_shell_exec.GRACEFUL_TERMINATION_TIME_S
+
+
+if __name__ in ("__main__", "__mp_main__"):   # horovodrun's process, and each spawned middleman (see above)
+    apply()
+
+if __name__ == "__main__":
+    from horovod.runner.launch import run_commandline
+
+    sys.argv[0] = "horovodrun"
+    sys.exit(run_commandline())
