@@ -2,6 +2,8 @@
 
 - ``{trainconfig-table}``: the TrainConfig reference table, generated from the dataclass's fields.
 - ``{error-catalog}``: every one-line error message hvdtrain raises on purpose, read from the source.
+- ``{cli-reference}``: every subcommand and flag of ``hvdtrain``, read from its argparse parsers.
+- ``{diff-files} A B``: a unified diff of two files of the repository (the migration guides' before/after).
 - A check of every ``hvdtrain ...`` command line and every ``--flag`` in the pages: an unknown flag or
   config key is a Sphinx warning (so ``-W`` fails the build). ``check_text`` is the same check for any
   Markdown text (tests run it on README.md).
@@ -35,6 +37,7 @@ FOREIGN_FLAGS = {
     "--signal",  # scancel --signal=TERM
     "--format", "--env-file", "--build-arg", "--offline-base",  # podman / docker / docker/build.py
     "--backend-store-uri", "--logdir",  # mlflow ui, tensorboard
+    "--nproc_per_node", "--nnodes",  # torchrun
     "--check-build",  # horovodrun --check-build (in horovodrun --help only as a short form on some builds)
 }
 # Placeholders the pages use for "any config key".
@@ -316,6 +319,63 @@ def error_catalog_markdown() -> str:
     return "\n".join(lines)
 
 
+def _flag_row(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    flags = ", ".join(f"`{flag}`" for flag in action.option_strings) or f"`{action.metavar or action.dest}`"
+    if action.option_strings and action.nargs != 0:
+        flags += f" `{action.metavar or action.dest.upper()}`"
+    help_text = parser._get_formatter()._expand_help(action) if action.help else ""
+    if action.choices and not isinstance(action, argparse._SubParsersAction):
+        help_text += " (one of " + ", ".join(f"`{c}`" for c in action.choices) + ")"
+    default = action.default
+    shown = "" if default in (None, argparse.SUPPRESS) or action.nargs == 0 else f"`{default!r}`"
+    text = " ".join(help_text.split()).replace("|", "\\|").replace("*", "\\*").replace("<", "&lt;")
+    return f"| {flags} | {shown} | {text} |"
+
+
+def _command_markdown(name: str, parser: argparse.ArgumentParser, level: str) -> list[str]:
+    lines = [f"{level} `hvdtrain {name}`", ""]
+    if parser.description:
+        lines += ["```text", parser.description.strip("\n"), "```", ""]
+    rows = [_flag_row(parser, action) for action in parser._actions
+            if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))]
+    if rows:
+        lines += ["| flag or argument | default | what it does |", "|---|---|---|", *rows, ""]
+    if getattr(parser, "takes_config", False):
+        lines += ["Also every config key as `--key value` (dashes or underscores): "
+                  "[the configuration reference](config.md).", ""]
+    for inner, subsub in _subparsers(parser).items():
+        lines += _command_markdown(f"{name} {inner}", subsub, level + "#")
+    return lines
+
+
+def cli_markdown() -> str:
+    """Every `hvdtrain` subcommand: its description (the module docstring) and a table of its flags."""
+    from hvdtrain.cli.main import parser
+
+    lines: list[str] = []
+    for name, sub in _subparsers(parser()).items():
+        lines += _command_markdown(name, sub, "##")
+    return "\n".join(lines)
+
+
+def _code_lines(path: Path) -> list[str]:
+    """A script's lines after its module docstring (each file's docstring says what it is, not what changed)."""
+    tree = ast.parse(path.read_text())
+    lines = path.read_text().splitlines()
+    if ast.get_docstring(tree) is not None:
+        lines = lines[tree.body[0].end_lineno:]
+    return lines[1:] if lines and not lines[0].strip() else lines
+
+
+def diff_markdown(before: str, after: str) -> str:
+    """A ```diff block: `before` turned into `after` (paths relative to the repository root)."""
+    import difflib
+
+    old, new = (_code_lines(ROOT / before), _code_lines(ROOT / after))
+    body = list(difflib.unified_diff(old, new, before, after, lineterm="", n=max(len(old), len(new))))
+    return "\n".join(["```diff", *body, "```"])
+
+
 # --------------------------------------------------------------------------------------- Sphinx
 
 def _source_read(app: Any, docname: str, source: list[str]) -> None:
@@ -331,6 +391,11 @@ def _source_read(app: Any, docname: str, source: list[str]) -> None:
     text = re.sub(r"^```\{trainconfig-table\}\n```$", lambda _: trainconfig_markdown(), text, flags=re.M)
     text = re.sub(r"^```\{error-catalog\}\n```$", lambda _: error_catalog_markdown(), text, flags=re.M)
     text = re.sub(r"^```\{layers-list\}\n```$", lambda _: layers_markdown(), text, flags=re.M)
+    text = re.sub(r"^```\{cli-reference\}\n```$", lambda _: cli_markdown(), text, flags=re.M)
+    for before, after in re.findall(r"^```\{diff-files\} (\S+) (\S+)\n```$", text, flags=re.M):
+        app.env.note_dependency(str(ROOT / before))
+        app.env.note_dependency(str(ROOT / after))
+    text = re.sub(r"^```\{diff-files\} (\S+) (\S+)\n```$", lambda m: diff_markdown(m[1], m[2]), text, flags=re.M)
     source[0] = text
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,19 +23,32 @@ def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
 
 
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def epochs(run_dir: Path) -> list[dict]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r["kind"] == "epoch"]
+    return [r for r in records(run_dir) if r["kind"] == "epoch"]
+
+
+def undocumented(keys: set[str]) -> set[str]:
+    """Fields of metrics.jsonl that docs/reference/run-folder.md does not describe."""
+    page = (ROOT / "docs/reference/run-folder.md").read_text()
+    metric = re.compile(r"(train_|val_)?(loss|acc|top\d+_acc|mse|mae)")   # `<metric>`, `train_<metric>`, ...
+    return {key for key in keys if f"`{key}`" not in page and not metric.fullmatch(key)}
 
 
 def test_the_own_script_trains_on_one_worker_and_takes_config_keys(tmp_path: Path) -> None:
     done = run([sys.executable, str(OWN), "--epochs", "2", "--threads", "1", "--name", "one"], tmp_path)
     assert done.returncode == 0, show(done)
     assert "hvdtrain: done  1 worker(s)  2 epochs" in done.stdout + done.stderr, show(done)
-    records = epochs(tmp_path / "runs" / "one")
-    assert [r["epoch"] for r in records] == [0, 1]   # metrics.jsonl counts from 0, the console from 1
-    assert records[-1]["val_acc"] > 0.8
+    per_epoch = epochs(tmp_path / "runs" / "one")
+    assert [r["epoch"] for r in per_epoch] == [0, 1]   # metrics.jsonl counts from 0, the console from 1
+    assert per_epoch[-1]["val_acc"] > 0.8
     assert (tmp_path / "runs" / "one" / "model.pt").exists()
+    written = records(tmp_path / "runs" / "one")
+    assert {r["kind"] for r in written} == {"train", "epoch", "summary"}
+    assert not undocumented({key for r in written for key in r}), "describe them in docs/reference/run-folder.md"
 
 
 @pytest.mark.parametrize("before", ["train_horovod.py", "train_ddp.py"])
@@ -49,5 +63,5 @@ def test_a_migration_before_script_runs(before: str, tmp_path: Path) -> None:
 def test_the_migration_after_script_trains(tmp_path: Path) -> None:
     done = run([sys.executable, str(MIGRATE / "train_hvdtrain.py"), "--threads", "1", "--name", "after"], tmp_path)
     assert done.returncode == 0, show(done)
-    records = epochs(tmp_path / "runs" / "after")
-    assert len(records) == 3 and records[-1]["train_acc"] > 0.8, records
+    per_epoch = epochs(tmp_path / "runs" / "after")
+    assert len(per_epoch) == 3 and per_epoch[-1]["train_acc"] > 0.8, per_epoch

@@ -34,7 +34,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_site_builds_with_no_warnings(site: Path) -> None:
-    pages = {p.stem for p in DOCS.glob("*.md")} | {"api", "config"}
+    pages = {p.stem for p in DOCS.glob("*.md")} | {"api", "config", "cli", "run-folder"}
     built = {p.stem for p in site.rglob("*.html")}
     assert pages <= built
 
