@@ -30,7 +30,7 @@ StepResult = torch.Tensor | tuple[torch.Tensor, dict[str, Any]]
 StepFn = Callable[[nn.Module, Any], StepResult]
 LossFn = Callable[[Any, Any], torch.Tensor]
 HOOK_HINT = ("pass step_fn=lambda model, batch: ... returning the loss (or (loss, {'name': value})); "
-             "see README 'Your own model and data'")
+             "see docs/your-model.md#from-python-any-batch-any-output-your-own-step")
 
 
 @dataclass
