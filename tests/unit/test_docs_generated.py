@@ -49,3 +49,18 @@ def test_the_schema_page_documents_each_record_kind_and_the_epoch_numbering() ->
     for kind in ("train", "epoch", "summary"):
         assert f"`kind: {kind}`" in page, kind
     assert re.search(r"Epochs count from 0 in files, from 1 on the console", page)
+
+
+def test_one_install_spelling_in_the_docs_and_readmes() -> None:
+    """Installing hvdtrain or an extra by hand is always `pip install -e .` / `pip install -e '.[extra]'` from a
+    checkout (the pages had 'hvdtrain[x]', '.[x]' and -e '.[x]')."""
+    pages = [ROOT / "README.md", ROOT / "docker/README.md", ROOT / "hostfiles/README.md",
+             *(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)]
+    good = re.compile(r"pip install -e (?:\.|'\.\[[\w,-]+\]')(?=[\s`)]|$)")
+    wrong = []
+    for page in pages:
+        for match in re.finditer(r"pip install (?:-e )?(\S+)", page.read_text()):
+            ours = "hvdtrain" in match[1] or match[1].startswith(("'.", '".', "."))
+            if ours and not good.match(page.read_text(), match.start()):
+                wrong.append(f"{page.relative_to(ROOT)}: {match[0]}")
+    assert not wrong, wrong
