@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FOREIGN_FLAGS = {
     "--py-files", "--conf", "--master",  # spark-submit
     "--tag-output",  # mpirun
-    "--signal",  # scancel --signal=TERM
+    "--signal", "--batch",  # scancel --signal=TERM, scancel --batch
+    "--time", "--requeue", "--open-mode",  # sbatch
     "--format", "--env-file", "--build-arg", "--offline-base",  # podman / docker / docker/build.py
     "--backend-store-uri", "--logdir",  # mlflow ui, tensorboard
     "--nproc_per_node", "--nnodes",  # torchrun
