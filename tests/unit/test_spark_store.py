@@ -114,11 +114,11 @@ CHILD = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 import test_spark_store as t
-from hvdtrain.spark import store
+from hvdtrain.spark import store, store_keys
 
 root, step = sys.argv[1], sys.argv[2]
 if step != "partial":
-    store._reached = lambda at: os.kill(os.getpid(), signal.SIGKILL) if at == step else None
+    store_keys._reached = lambda at: os.kill(os.getpid(), signal.SIGKILL) if at == step else None
 fs = t.no_rename_fs()
 die_after = 2 if step == "partial" else None
 store.ensure_key(fs, root, t.KEY, lambda folder: t.write_rows(fs, folder, die_after_files=die_after), ["x"], ["y"], 0.2)
