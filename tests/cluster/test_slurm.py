@@ -52,14 +52,14 @@ def slurm():
         yield cluster
 
 
-def sbatch(cluster: SlurmCluster, log: Path, args: list[str], **env: str) -> str:
+def sbatch(cluster: SlurmCluster, log: Path, args: list[str], options: tuple[str, ...] = (), **env: str) -> str:
     """Submit the shipped recipe on one node with 2 tasks of 1 CPU (the script asks for 2 nodes of 2 x 4
-    CPUs; options on sbatch's command line win over its #SBATCH lines). Returns the job id."""
+    CPUs; options on sbatch's command line win over its #SBATCH lines), plus sbatch `options`. Returns the job id."""
     proc = subprocess.run(
         ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--output={log}",
-         str(SBATCH), *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+         *options, str(SBATCH), *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
         env=cluster.env(HVDTRAIN_VENV=str(BIN.parent), PYTHONPATH=f"{ROOT}:{PLUGINS}", PYTHONUNBUFFERED="1",
-                        FAULTS_SLEEP_S="0", **env))
+                        **{"FAULTS_SLEEP_S": "0", **env}))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip().split(";")[0]
 
@@ -105,6 +105,76 @@ def test_scancel_term_mid_epoch_checkpoints_and_resume_equals_the_uninterrupted_
     assert int(stop[1]) < 23, out[-3000:]                             # mid-epoch 1
     assert (ckpts / f"ckpt-{int(stop[1]):09d}.pt").exists(), sorted(p.name for p in ckpts.iterdir())
 
+    state, out = run_job(slurm, tmp_path / "resume.out", [*args, "--resume", "auto"])
+    assert state == "COMPLETED", out[-3000:]
+    assert f"step {stop[1]} (" in out and "exactly where it stopped" in out, out[-3000:]
+    assert_same_weights(tmp_path / "run", uninterrupted[2])
+
+
+def test_scontrol_requeue_mid_epoch_resumes_by_itself_and_equals_the_uninterrupted_run(slurm, tmp_path, uninterrupted):
+    """No --name, no --resume: the run is slurm-<job id>; `scontrol requeue` TERMs the job (every rank stops at
+    the same step and checkpoints), Slurm starts the batch script again with SLURM_RESTART_COUNT=1, and that run
+    defaults to --resume auto and goes on from the stop checkpoint."""
+    hold, log = tmp_path / "hold", tmp_path / "job.out"
+    hold.touch()
+    job = sbatch(slurm, log, [*JOB, "--run-dir", str(tmp_path)], ("--requeue", "--open-mode=append"),
+                 FAULTS_HOLD_FILE=str(hold), FAULTS_HOLD_AFTER=str(HOLD_AFTER))
+    run = tmp_path / f"slurm-{job}"
+    wait_for(lambda: (run / "checkpoints" / "ckpt-000000010.pt").exists()
+             or slurm.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT)
+    assert slurm.job_state(job) == "RUNNING", log.read_text()[-3000:]
+    started = time.monotonic()
+    slurm.client("scontrol", "requeue", job)
+    hold.unlink()      # the restarted run counts its steps from its resume point: it must not hold again
+    state = slurm.wait_job(job, JOB_TIMEOUT)
+    out = log.read_text() if log.exists() else "(no job output)"
+    assert state == "COMPLETED", f"{state}\n{out[-4000:]}"
+    stop = re.search(r"hvdtrain: stopped by SIGTERM at step (\d+); checkpoint ", out)
+    assert stop and 10 < int(stop[1]) < 23, out[-4000:]            # its own checkpoint, mid-epoch 1
+    assert f"Slurm job {job}, requeued 1 time(s): --name slurm-{job} --resume auto" in out, out[-4000:]
+    # The restarted run goes on from the step it stopped at: no step lost beyond the stop itself.
+    assert f"step {stop[1]} (" in out and "exactly where it stopped" in out, out[-4000:]
+    print(f"requeue to completion: {time.monotonic() - started:.0f} s")
+    assert_same_weights(run, uninterrupted[2])
+
+
+def test_early_warning_usr1_to_the_batch_shell_reaches_every_task_and_checkpoints(slurm, tmp_path, uninterrupted):
+    """What `#SBATCH --signal=B:USR1@T` sends, sent now: `scancel --batch --signal=USR1` signals the batch shell
+    only, which is srun (the recipe exec()s it); srun forwards USR1 to every task, and they stop together."""
+    hold, log = tmp_path / "hold", tmp_path / "first.out"
+    hold.touch()
+    args = [*JOB, "--run-dir", str(tmp_path), "--name", "run"]
+    job = sbatch(slurm, log, args, FAULTS_HOLD_FILE=str(hold), FAULTS_HOLD_AFTER=str(HOLD_AFTER))
+    ckpts = tmp_path / "run" / "checkpoints"
+    wait_for(lambda: (ckpts / "ckpt-000000010.pt").exists() or slurm.job_state(job) not in ("PENDING", "RUNNING"),
+             timeout=JOB_TIMEOUT)
+    assert slurm.job_state(job) == "RUNNING", log.read_text()[-3000:]
+    slurm.client("scancel", "--batch", "--signal=USR1", job)
+    hold.unlink()
+    slurm.wait_job(job, JOB_TIMEOUT)
+    out = log.read_text()
+    stop = re.search(r"hvdtrain: stopped by SIGUSR1 at step (\d+); checkpoint ", out)
+    assert stop and 10 < int(stop[1]) < 23, out[-3000:]
+    assert (ckpts / f"ckpt-{int(stop[1]):09d}.pt").exists(), sorted(p.name for p in ckpts.iterdir())
+    state, out = run_job(slurm, tmp_path / "resume.out", [*args, "--resume", "auto"])
+    assert state == "COMPLETED", out[-3000:]
+    assert f"step {stop[1]} (" in out and "exactly where it stopped" in out, out[-3000:]
+    assert_same_weights(tmp_path / "run", uninterrupted[2])
+
+
+def test_time_limit_term_checkpoints_before_kill_and_resume_equals_the_uninterrupted_run(slurm, tmp_path,
+                                                                                         uninterrupted):
+    """`--time=1` (Slurm's minimum) on a run that needs over 2 minutes (3 s a step): Slurm's own TERM at the
+    limit (its check runs every ~30 s) stops every rank at one step with a checkpoint, inside KillWait (60 s
+    in the fixture), the job ends TIMEOUT, and a rerun with --resume auto ends as if never stopped."""
+    log = tmp_path / "first.out"
+    args = [*JOB, "--run-dir", str(tmp_path), "--name", "run"]
+    job = sbatch(slurm, log, args, ("--time=1",), FAULTS_SLEEP_S="3")
+    state = slurm.wait_job(job, JOB_TIMEOUT)
+    out = log.read_text()
+    assert state == "TIMEOUT", f"{state}\n{out[-3000:]}"
+    stop = re.search(r"hvdtrain: stopped by SIGTERM at step (\d+); checkpoint ", out)
+    assert stop and 0 < int(stop[1]) < 46, out[-3000:]
     state, out = run_job(slurm, tmp_path / "resume.out", [*args, "--resume", "auto"])
     assert state == "COMPLETED", out[-3000:]
     assert f"step {stop[1]} (" in out and "exactly where it stopped" in out, out[-3000:]
