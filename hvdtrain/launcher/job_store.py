@@ -33,6 +33,7 @@ from typing import Any
 
 import cloudpickle
 
+from hvdtrain.distributed import horovod_runner
 from hvdtrain.errors import LaunchError
 from hvdtrain.launcher.sealed import result_purpose, unseal
 
@@ -40,11 +41,9 @@ JOB_PATH = "/runfunc/func"
 RESULT_SCOPE = "/runfunc_result/"
 REQUEST_TIMEOUT_S = 10
 # The names of horovod.runner.launch that _run_static calls for a function job (Horovod 0.28.1).
-_PATCHED = ("KVStoreServer", "put_data_into_kvstore", "read_data_from_kvstore")
 # Opcodes of `pickle.dumps(some_bytes)` at protocol 3 to 5: nothing that imports, calls or builds objects.
 _BYTES_OPS = {"PROTO", "FRAME", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "MEMOIZE", "BINPUT", "LONG_BINPUT",
               "STOP"}
-_one_launch = threading.Lock()
 
 
 def bytes_of_pickle(data: bytes) -> bytes:
@@ -164,29 +163,12 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def _check_horovod(launch_module: Any) -> None:
-    code = getattr(getattr(launch_module, "_run_static", None), "__code__", None)
-    uses = set(code.co_names) if code is not None else set()
-    missing = [name for name in _PATCHED if name not in uses or not hasattr(launch_module, name)]
-    if missing:
-        import horovod
-
-        raise LaunchError(f"hvdtrain.launch() was written for Horovod 0.28.1's launcher; this Horovod "
-                          f"({getattr(horovod, '__version__', '?')}) no longer calls {', '.join(missing)} in "
-                          "horovod.runner.launch._run_static, so its job store cannot be replaced: not launching "
-                          "with an unauthenticated one (use `hvdtrain launch` instead)")
-
-
 @contextmanager
 def serving(store: JobStore) -> Iterator[None]:
     """Inside: `horovod.runner.run` of a function uses `store`, its job and its results, in this process.
 
     One launch at a time per process (a second waits): the patch is on Horovod's module.
     """
-    import horovod.runner.launch as launch_module
-
-    _check_horovod(launch_module)
-
     def put(addr: str, port: int, scope: str, key: str, value: Any) -> None:
         if (scope, key) != ("runfunc", "func"):
             raise RuntimeError(f"unexpected put of {scope}/{key} by Horovod's launcher")
@@ -200,16 +182,13 @@ def serving(store: JobStore) -> Iterator[None]:
             raise RuntimeError(f"unexpected read of {scope}/{key} by Horovod's launcher")
         return store.result(int(key))
 
-    with _one_launch:
-        saved = {name: getattr(launch_module, name) for name in _PATCHED}
-        launch_module.KVStoreServer = lambda verbose=0: store
-        launch_module.put_data_into_kvstore = put
-        launch_module.read_data_from_kvstore = read
-        try:
+    try:
+        with horovod_runner.job_store_replaced(lambda verbose=0: store, put, read):
             yield
-        finally:
-            for name, value in saved.items():
-                setattr(launch_module, name, value)
-            if store.refused:
-                sys.stderr.write(f"hvdtrain: warning: launch(): refused {len(store.refused)} request(s) to the job "
-                                 f"store that were not this launch's, the first: {store.refused[0]}\n")
+    except horovod_runner.AdapterError as err:
+        raise LaunchError(f"hvdtrain.launch(): {err}: not launching with Horovod's unauthenticated job store "
+                          "(use `hvdtrain launch` instead)") from None
+    finally:
+        if store.refused:
+            sys.stderr.write(f"hvdtrain: warning: launch(): refused {len(store.refused)} request(s) to the job "
+                             f"store that were not this launch's, the first: {store.refused[0]}\n")

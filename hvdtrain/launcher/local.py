@@ -14,6 +14,7 @@ from typing import Any
 import cloudpickle
 
 from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.distributed import horovod_runner
 from hvdtrain.errors import LaunchError, WorkerError
 from hvdtrain.launcher.guard import (
     Guarded,
@@ -74,8 +75,6 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
         hosts = f"localhost:{np}"
         network_interfaces = network_interfaces or ["lo"]
 
-    import horovod.runner
-
     # Workers import what this process can: functions pickled by reference need their modules.
     pythonpath = worker_pythonpath((env or {}).get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
     # horovodrun (Gloo) writes its environment's values onto every worker's command line.
@@ -89,7 +88,7 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
     store = JobStore(codec_body(job), key, np, host=_listen_address(network_interfaces))
     try:
         with serving(store), patched_environ({**public, "PYTHONPATH": pythonpath}, drop=set(os.environ) - set(public)):
-            results = horovod.runner.run(job, num_proc=np, hosts=hosts, use_gloo=not use_mpi, use_mpi=use_mpi,
+            results = horovod_runner.run(job, num_proc=np, hosts=hosts, use_gloo=not use_mpi, use_mpi=use_mpi,
                                          network_interfaces=network_interfaces, start_timeout=start_timeout,
                                          disable_cache=True)
     except RuntimeError as err:  # a worker process died without returning (killed, os._exit, ...)
@@ -113,9 +112,7 @@ def _listen_address(network_interfaces: list[str] | None) -> str:
     interface) when there are several or Horovod finds them itself."""
     if not network_interfaces or len(network_interfaces) != 1:
         return ""
-    from horovod.runner.util.network import get_driver_ip
-
     try:
-        return str(get_driver_ip(network_interfaces))
+        return horovod_runner.driver_ip(network_interfaces)
     except (KeyError, RuntimeError):
         return ""   # Horovod says what is wrong with the interface

@@ -79,21 +79,14 @@ def slot_env(slot: Any, rendezvous: tuple[str, int]) -> dict[str, str]:
 def run(ray: Any, job: Guarded, num_workers: int, min_workers: int, max_workers: int, resources: dict[str, int],
         start_timeout: int, env: dict[str, str]) -> list[Any]:
     """Every result of the last world, in its rank order (a worker's Failure included)."""
-    from horovod.runner.elastic.discovery import HostDiscovery
-    from horovod.runner.elastic.driver import ElasticDriver
-    from horovod.runner.elastic.rendezvous import create_rendezvous_handler
-    from horovod.runner.http.http_server import RendezvousServer
     from ray.exceptions import RayActorError, RayTaskError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    class RayNodes(HostDiscovery):
-        def find_available_hosts_and_slots(self) -> dict[str, int]:
-            return node_slots(ray.nodes(), resources)
+    from hvdtrain.distributed import horovod_runner
 
-    rendezvous = RendezvousServer(verbose=0)
-    driver = ElasticDriver(rendezvous, RayNodes(), min_workers, max_workers, timeout=start_timeout,
-                           cooldown_range=COOLDOWN_S, verbose=0)
-    port = rendezvous.start(create_rendezvous_handler(driver))
+    driver, rendezvous, port = horovod_runner.elastic_driver(lambda: node_slots(ray.nodes(), resources),
+                                                             min_workers, max_workers, timeout=start_timeout,
+                                                             cooldown_range=COOLDOWN_S)
     address = (reachable_address(ray.get_runtime_context().gcs_address), port)   # the workers reach us here
     # The driver's own --peer-timeout-s: the config's, when the job is a config-driven fit.
     timeout_s = next((a.peer_timeout_s for a in job.args if isinstance(a, TrainConfig)), TrainConfig.peer_timeout_s)

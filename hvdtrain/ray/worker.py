@@ -122,13 +122,13 @@ class Rendezvous:
 
     def start(self, slots: Sequence[Slot]) -> tuple[str, int]:
         import ray
-        from horovod.runner.common.util.hosts import SlotInfo
-        from horovod.runner.http.http_server import RendezvousServer
 
-        self.server = RendezvousServer(verbose=0)   # serves from its own thread until this actor is killed
-        port = self.server.start()
-        self.server.init([SlotInfo(hostname=s.node_id, rank=s.rank, local_rank=s.local_rank, cross_rank=s.cross_rank,
-                                   size=s.size, local_size=s.local_size, cross_size=s.cross_size) for s in slots])
+        from hvdtrain.distributed import horovod_runner
+
+        # Serves from its own thread until this actor is killed.
+        self.server, port = horovod_runner.rendezvous_server(
+            dict(hostname=s.node_id, rank=s.rank, local_rank=s.local_rank, cross_rank=s.cross_rank, size=s.size,
+                 local_size=s.local_size, cross_size=s.cross_size) for s in slots)
         return ray.util.get_node_ip_address(), port
 
 

@@ -205,16 +205,16 @@ def _on_spark(fn: Callable[..., Any], args: tuple, kwargs: dict, num_proc: int, 
 def _run(guarded: Guarded, num_proc: int, start_timeout: int, nics: list[str] | None,
          env: dict[str, str], python: str) -> list[Any]:
     try:
-        import horovod.spark
-        from horovod.runner.common.util.timeout import TimeoutException
+        from hvdtrain.distributed import horovod_runner
+
+        spark_run, TimeoutException = horovod_runner.spark_run()
     except ImportError as err:
         raise UserError(f"Horovod is not usable here ({err}); run `make setup` or scripts/install-horovod, "
                         "then `hvdtrain doctor`") from None
     try:
         # Workers' output comes back to this process, prefixed [rank]<stdout>, even from a cluster.
-        return horovod.spark.run(guarded, num_proc=num_proc, use_gloo=True, start_timeout=start_timeout,
-                                 nics=nics, env=env, stdout=sys.stdout, stderr=sys.stderr, verbose=0,
-                                 executable=python)
+        return spark_run(guarded, num_proc=num_proc, use_gloo=True, start_timeout=start_timeout, nics=nics,
+                         env=env, stdout=sys.stdout, stderr=sys.stderr, verbose=0, executable=python)
     except TimeoutException:
         raise LaunchError(f"Spark did not run {num_proc} tasks at once within {start_timeout} s: the cluster "
                           f"needs {num_proc} free task slots (executor cores / spark.task.cpus; with dynamic "

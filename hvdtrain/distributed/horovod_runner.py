@@ -1,0 +1,141 @@
+"""The one adapter to Horovod's launcher side (horovod.runner, horovod.spark): its public calls, and every
+internal of its elastic driver and launcher that hvdtrain relies on.
+
+Why one module: Horovod 0.28.1 is the last release and hvdtrain reaches past its public API in a few places
+(the elastic driver's host manager, worker registry and exit handler; the launcher's job store). Each such
+reach is a function here, so a newer Horovod breaks one file, and `check_version` says at start-up when the
+Horovod found is not the one these were written for. Nothing here imports horovod.torch (that is
+distributed/runtime.py): the launching process never initialises Horovod.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+WRITTEN_FOR = "0.28.1"
+_warned = threading.Event()
+# The names of horovod.runner.launch that _run_static calls for a function job (Horovod 0.28.1).
+_JOB_STORE_NAMES = ("KVStoreServer", "put_data_into_kvstore", "read_data_from_kvstore")
+_one_launch = threading.Lock()
+
+
+class AdapterError(RuntimeError):
+    """The installed Horovod does not work the way an internal this module relies on did in 0.28.1."""
+
+
+def version() -> str:
+    import horovod
+
+    return str(getattr(horovod, "__version__", "?"))
+
+
+def version_note(found: str) -> str | None:
+    """The one line for a Horovod other than the one this adapter was written for, else None.
+
+    Example:
+        >>> version_note("0.28.1") is None, version_note("0.29.0")[:40]
+        (True, 'hvdtrain: note: Horovod 0.29.0 is not th')
+    """
+    if found == WRITTEN_FOR:
+        return None
+    return (f"hvdtrain: note: Horovod {found} is not the {WRITTEN_FOR} hvdtrain's launcher adapter was written "
+            "for (hvdtrain/distributed/horovod_runner.py); launching and elastic recovery may misbehave")
+
+
+def check_version(warn: Callable[[str], None] | None = None) -> None:
+    """Say once per process (on stderr by default) when the installed Horovod is not the one this adapter was
+    written for."""
+    note = version_note(version())
+    if note and not _warned.is_set():
+        _warned.set()
+        (warn or (lambda line: print(line, file=sys.stderr, flush=True)))(note)
+
+
+# ---------------------------------------------------------------- public API
+
+
+def run(fn: Any, **kwargs: Any) -> Any:
+    """horovod.runner.run (the function launcher)."""
+    import horovod.runner
+
+    check_version()
+    return horovod.runner.run(fn, **kwargs)
+
+
+def driver_ip(network_interfaces: list[str]) -> str:
+    """The address Horovod's launcher gives its workers for the driver, on these interfaces."""
+    from horovod.runner.util.network import get_driver_ip
+
+    return str(get_driver_ip(network_interfaces))
+
+
+def spark_run() -> tuple[Callable[..., Any], type[BaseException]]:
+    """(horovod.spark.run, the TimeoutException it raises); ImportError where Horovod's Spark part is unusable."""
+    import horovod.spark
+    from horovod.runner.common.util.timeout import TimeoutException
+
+    check_version()
+    return horovod.spark.run, TimeoutException
+
+
+def rendezvous_server(slots: Iterable[Mapping[str, Any]]) -> tuple[Any, int]:
+    """Horovod's Gloo rendezvous server, started and initialised with these slots (SlotInfo fields); its port."""
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousServer
+
+    server = RendezvousServer(verbose=0)   # serves from its own thread
+    port = server.start()
+    server.init([SlotInfo(**slot) for slot in slots])
+    return server, port
+
+
+def elastic_driver(find_slots: Callable[[], dict[str, int]], min_np: int, max_np: int, *, timeout: int,
+                   cooldown_range: tuple[int, int]) -> tuple[Any, Any, int]:
+    """Horovod's ElasticDriver over hosts `find_slots()` returns ({host: slots}), with its rendezvous server
+    started: (driver, server, port). Driven through the driver's public methods, as horovod/ray/elastic_v2.py."""
+    from horovod.runner.elastic.discovery import HostDiscovery
+    from horovod.runner.elastic.driver import ElasticDriver
+    from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+    from horovod.runner.http.http_server import RendezvousServer
+
+    check_version()
+
+    class Hosts(HostDiscovery):
+        def find_available_hosts_and_slots(self) -> dict[str, int]:
+            return find_slots()
+
+    server = RendezvousServer(verbose=0)
+    driver = ElasticDriver(server, Hosts(), min_np, max_np, timeout=timeout, cooldown_range=cooldown_range,
+                           verbose=0)
+    port = server.start(create_rendezvous_handler(driver))
+    return driver, server, port
+
+
+@contextmanager
+def job_store_replaced(server: Callable[..., Any], put: Callable[..., None],
+                       read: Callable[..., Any]) -> Iterator[None]:
+    """Inside: horovod.runner.run of a function uses `server()` as its key-value store and `put`/`read` to hand
+    the job over and fetch results, instead of Horovod's unauthenticated HTTP store. One launch at a time per
+    process (the patch is on Horovod's module). Raises AdapterError, before patching, when Horovod's launcher
+    no longer calls these names."""
+    import horovod.runner.launch as launch_module
+
+    code = getattr(getattr(launch_module, "_run_static", None), "__code__", None)
+    uses = set(code.co_names) if code is not None else set()
+    missing = [name for name in _JOB_STORE_NAMES if name not in uses or not hasattr(launch_module, name)]
+    if missing:
+        raise AdapterError(f"Horovod {version()}'s launcher no longer calls {', '.join(missing)} in "
+                           "horovod.runner.launch._run_static")
+    with _one_launch:
+        saved = {name: getattr(launch_module, name) for name in _JOB_STORE_NAMES}
+        launch_module.KVStoreServer = server
+        launch_module.put_data_into_kvstore = put
+        launch_module.read_data_from_kvstore = read
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(launch_module, name, value)
