@@ -473,9 +473,13 @@ def verify(python: str, expected: tuple[str, ...] = EXPECTED_BUILD) -> str:
 
 
 def installed_matches(python: str, torch_version: str) -> bool:
-    code = ("import horovod, horovod.torch, torch; "
+    """Horovod HOROVOD_VERSION is installed, imports, and was built against this very torch: its metadata.json
+    names the torch it was compiled with (a torch upgrade or a CPU/CUDA switch must rebuild it)."""
+    code = ("import horovod, horovod.torch, json, os, torch; "
             f"assert horovod.__version__ == {HOROVOD_VERSION!r}; "
-            f"assert torch.__version__ == {torch_version!r}")
+            f"assert torch.__version__ == {torch_version!r}; "
+            "meta = json.load(open(os.path.join(os.path.dirname(horovod.__file__), 'metadata.json'))); "
+            f"assert meta.get('pytorch') == {torch_version!r}")
     return run([python, "-c", code]).returncode == 0
 
 

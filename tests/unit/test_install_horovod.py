@@ -416,3 +416,20 @@ def test_an_installed_horovod_without_nccl_is_rebuilt_once_nccl_is_there(tmp_pat
         ih.install(sys.executable, tmp_path, force=False, use_apt=False, test_tools=False)
     assert checked == [("PyTorch", "MPI", "Gloo", "NCCL")]
     assert "is missing NCCL:); rebuilding" in capsys.readouterr().out
+
+
+def test_an_installed_horovod_built_against_another_torch_is_not_a_match(tmp_path, monkeypatch):
+    """After a torch upgrade (2.13 -> 2.15) Horovod still imported, so set-up called it 'already installed';
+    only its metadata.json names the torch it was compiled with. A copy of the real package, saying 2.15."""
+    import shutil
+
+    import horovod
+    import torch
+
+    assert ih.installed_matches(sys.executable, torch.__version__)          # this venv's own build
+    copy = tmp_path / "horovod"
+    shutil.copytree(Path(horovod.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert ih.installed_matches(sys.executable, torch.__version__)          # the copy imports and matches
+    (copy / "metadata.json").write_text('{"pytorch": "2.15.0+cu132", "dummy": "none"}')
+    assert not ih.installed_matches(sys.executable, torch.__version__)      # built for another torch: rebuild
