@@ -35,7 +35,7 @@ FOREIGN_FLAGS = {
     "--py-files", "--conf", "--master",  # spark-submit
     "--tag-output",  # mpirun
     "--signal", "--batch",  # scancel --signal=TERM, scancel --batch
-    "--time", "--requeue", "--open-mode",  # sbatch
+    "--time", "--requeue", "--open-mode", "--gpus-per-task",  # sbatch
     "--format", "--env-file", "--build-arg", "--offline-base",  # podman / docker / docker/build.py
     "--backend-store-uri", "--logdir",  # mlflow ui, tensorboard
     "--nproc_per_node", "--nnodes",  # torchrun
@@ -142,10 +142,14 @@ def check_command(line: str) -> list[str]:
         inner = _HVDTRAIN.search(rest)
         own = [w for w in words if w.startswith("--secrets-dir")]
         problems = [] if not own or own[0].split("=")[0] in subcommands["launch"] else [own[0]]
-        horovod = rest[:inner.start()] if inner else rest
+        # The worker: `python -m hvdtrain ...`, or a script of your own (`python train.py ...`), whose
+        # `--key value` arguments are TrainConfig keys (hvdtrain.load_config reads them).
+        script = None if inner else re.search(r"(?:^|\s)\S*python3?\s+\S+\.py(?=\s|$)", rest)
+        horovod = rest[:inner.start()] if inner else rest[:script.start()] if script else rest
         problems += _check_horovodrun(horovod)
-        return [f"unknown flag {p} of `hvdtrain launch`" for p in problems] + (check_command(rest[inner.start():])
-                                                                                 if inner else [])
+        worker = (check_command(rest[inner.start():]) if inner else
+                  check_command("hvdtrain train" + rest[script.end():]) if script else [])
+        return [f"unknown flag {p} of `hvdtrain launch`" for p in problems] + worker
     known = subcommands[name]
     return [f"unknown flag {word.split('=')[0]} of `hvdtrain {name}`" for word in words
             if word.startswith("--") and word.split("=")[0] not in known | PLACEHOLDERS]

@@ -54,7 +54,9 @@ def test_the_api_reference_documents_the_public_api(site: Path) -> None:
     html = (site / "reference" / "api.html").read_text()
     for name in ("hvdtrain.Trainer", "hvdtrain.fit", "hvdtrain.launch", "hvdtrain.tune", "hvdtrain.compress",
                  "hvdtrain.load_config", "hvdtrain.TrainConfig", "hvdtrain.History", "hvdtrain.spark.fit",
-                 "hvdtrain.data.streams.Stream", "hvdtrain.errors.UserError", "hvdtrain.errors.WorkerError"):
+                 "hvdtrain.data.streams.Stream", "hvdtrain.errors.UserError", "hvdtrain.errors.WorkerError",
+                 "hvdtrain.ray.fit", "hvdtrain.models.pipeline.Pipeline", "hvdtrain.compression.export.load_exported",
+                 "hvdtrain.train.metrics.Metric", "hvdtrain.train.metrics.batch_mean"):
         assert f'id="{name}"' in html, name
 
 
@@ -79,6 +81,7 @@ def test_the_readme_is_short_and_points_into_the_docs() -> None:
     ("hvdtrain predict --checkpoint m.pt --epochs 3", "--epochs of `hvdtrain predict`"),  # not a config command
     ("hvdtrain launch -np 2 --secrets-dirr /x python -m hvdtrain", "--secrets-dirr"),
     ("hvdtrain launch -np 2 python -m hvdtrain --modle mlp", "--modle of `hvdtrain train`"),
+    ("hvdtrain launch -np 2 -H a:1,b:1 python train.py --epochz 3", "--epochz of `hvdtrain train`"),  # own script
 ])
 def test_an_unknown_flag_on_an_hvdtrain_line_is_reported(line: str, problem: str) -> None:
     assert any(problem in found for found in checks.check_command(line)), checks.check_command(line)
