@@ -139,3 +139,23 @@ def job_store_replaced(server: Callable[..., Any], put: Callable[..., None],
         finally:
             for name, value in saved.items():
                 setattr(launch_module, name, value)
+
+
+def set_termination_grace(seconds: int) -> int:
+    """Seconds Horovod's launcher gives a worker between SIGTERM and SIGKILL (its private
+    safe_shell_exec.GRACEFUL_TERMINATION_TIME_S, 5 s in 0.28.1); the value now in force."""
+    from horovod.runner.common.util import safe_shell_exec
+
+    if version() != WRITTEN_FOR or not hasattr(safe_shell_exec, "GRACEFUL_TERMINATION_TIME_S"):
+        raise AdapterError(f"Horovod {version()} is installed; the grace is Horovod {WRITTEN_FOR}'s "
+                           "safe_shell_exec.GRACEFUL_TERMINATION_TIME_S: check that it still has it, then update "
+                           "hvdtrain/distributed/horovod_runner.py")
+    safe_shell_exec.GRACEFUL_TERMINATION_TIME_S = seconds
+    return seconds
+
+
+def run_commandline() -> int:
+    """horovodrun itself, in this process."""
+    from horovod.runner.launch import run_commandline as horovodrun
+
+    return int(horovodrun() or 0)

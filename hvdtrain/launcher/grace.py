@@ -7,7 +7,7 @@ constant to N. The constant is read in the "middleman" processes Horovod starts 
 method; spawn re-imports this module (the main module, as __mp_main__) in each of them before it runs its
 target, so the assignment below, at import time, holds there too.
 
-This is Horovod's private name, so it lives in this one module, which checks the version it was written for.
+The private name itself is touched only in the adapter (distributed/horovod_runner.py), which checks it exists.
 Horovod's launcher owns the workers only under Gloo: with --mpi, horovodrun exec()s mpirun, whose own rules
 apply after SIGTERM.
 """
@@ -17,7 +17,6 @@ import os
 import sys
 
 GRACE_ENV = "HVDTRAIN_GRACE_S"
-WRITTEN_FOR = "0.28.1"
 
 
 def grace_s(text: str) -> int:
@@ -34,25 +33,22 @@ def grace_s(text: str) -> int:
 
 def apply(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
     """Set Horovod's grace from HVDTRAIN_GRACE_S (unset: Horovod's own 5 s stays); the grace now in force."""
-    import horovod
-    from horovod.runner.common.util import safe_shell_exec
+    from hvdtrain.distributed import horovod_runner
 
     text = environ.get(GRACE_ENV, "").strip()
     if not text:
         return None
-    if horovod.__version__ != WRITTEN_FOR or not hasattr(safe_shell_exec, "GRACEFUL_TERMINATION_TIME_S"):
-        raise RuntimeError(f"{GRACE_ENV} sets Horovod {WRITTEN_FOR}'s safe_shell_exec.GRACEFUL_TERMINATION_TIME_S; "
-                           f"Horovod {horovod.__version__} is installed: check that it still has it, then update "
-                           "hvdtrain/launcher/grace.py")
-    safe_shell_exec.GRACEFUL_TERMINATION_TIME_S = grace_s(text)
-    return safe_shell_exec.GRACEFUL_TERMINATION_TIME_S
+    try:
+        return horovod_runner.set_termination_grace(grace_s(text))
+    except horovod_runner.AdapterError as err:
+        raise RuntimeError(f"{GRACE_ENV}: {err}") from None
 
 
 if __name__ in ("__main__", "__mp_main__"):   # horovodrun's process, and each spawned middleman (see above)
     apply()
 
 if __name__ == "__main__":
-    from horovod.runner.launch import run_commandline
+    from hvdtrain.distributed import horovod_runner
 
     sys.argv[0] = "horovodrun"
-    sys.exit(run_commandline())
+    sys.exit(horovod_runner.run_commandline())
