@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import ROOT, launch
+from benchmarks.harness import ROOT, launch
 from benchmarks.workloads import MODELS
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import summarise
+from benchmarks.harness import summarise
 
 
 def ring_bound_ms(wire_bytes: float, np: int, link_bits: float) -> float:
@@ -59,7 +59,8 @@ class CpuShare:
 
 
 def summarise_cell(spec: dict[str, Any], records: list[dict[str, Any]], np: int, link_bits: float) -> dict[str, Any]:
-    """benchmarks.run's summary of a variant, plus bytes on the wire, the ring bound and the machine's load."""
+    """benchmarks.harness's summary of a variant (the one benchmarks.run keeps), plus bytes on the wire,
+    the ring bound and the machine's load."""
     row = summarise(spec["name"], spec, records)
     row["loadavg"] = [r["loadavg"] for r in records]
     row["others_cpu_share"] = [round(r["others_cpu_share"], 3) for r in records]

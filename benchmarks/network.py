@@ -14,6 +14,9 @@ launcher namespace, ssh into the hosts), plus hvdtrain with --compression fp16 o
 np=1 runs hvdtrain and the plain loop in host1 (no traffic). Each group alternates its variants
 A B C, C B A. Every rank counts the bytes its host sent over the timed steps (/proc/net/dev in its
 namespace); benchmarks/netreport.py turns them into the ring bound and the fractions.
+
+Entered through benchmarks/run.py (--hosts), which parses the options and calls main_network(); this
+module takes launching and retrying from benchmarks/harness.py and imports nothing from run.py.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import netreport
-from benchmarks.run import BIN, ROOT, git_head, once_more, run_job
+from benchmarks.harness import BIN, ROOT, git_head, once_more, run_job
 from tests.netns_cluster import IFACE, SSH_PORT, NamespaceCluster, rate_bits
 
 RDZV_PORT = 29400
@@ -135,7 +138,7 @@ def end_strays(cluster: NamespaceCluster) -> None:
 
 def launch(spec: dict[str, Any], np: int, cluster: NamespaceCluster, worker_args: list[str],
            env: dict[str, str], timeout: int) -> dict[str, Any]:
-    """launch_once, and once more after a failure (kept in the record), as benchmarks.run does."""
+    """launch_once, and once more after a failure (kept in the record), as benchmarks.harness.launch does."""
     return once_more(f"[netbench] {spec['name']} np={np}",
                      lambda: launch_once(spec, np, cluster, worker_args, env, timeout))
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.worker import StepClock, bench_config, plain_loop, workload
+from benchmarks.clock import StepClock
+from benchmarks.loops import bench_config, plain_loop, workload
 from benchmarks.workloads import MODELS
 
 WARMUP = 10

@@ -10,6 +10,10 @@ and in results.md, results.json, results.png. See benchmarks/README.md for what 
 A full run (not --smoke, no failed variant) whose --out is a folder directly in benchmarks/results/
 becomes the newest figures: benchmarks/results/latest (a one-line text file) then holds its folder
 name; `latest_run()` reads it.
+
+This module is the entry point: the variants, the options, the rounds, the latest pointer. Launching
+and summarising one job is benchmarks/harness.py; ratios, table and chart are benchmarks/report.py;
+--hosts hands the parsed options to benchmarks/network.py (which imports nothing from here).
 """
 from __future__ import annotations
 
@@ -18,29 +22,17 @@ import json
 import os
 import platform
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+from benchmarks.harness import BIN, ROOT, git_head, launch, summarise
+from benchmarks.harness import run_job as run_job  # re-exported: tests/multirank/test_benchmarks.py imports it here
+from benchmarks.report import chart, ratios, table
+
 RESULTS = ROOT / "benchmarks" / "results"
 LATEST = "latest"  # in RESULTS: a text file holding the newest full run's folder name
-
-
-def horovodrun(np: int, backend: str, env_args: dict[str, str]) -> list[str]:
-    return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
-            "--start-timeout", "120", "--disable-cache", "--network-interfaces", "lo", sys.executable]
-
-
-def torchrun(np: int) -> list[str]:
-    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={np}", "--no-python", sys.executable]
 
 
 def variants(np: int, backends: list[str], light: bool = False) -> list[dict[str, Any]]:
@@ -69,241 +61,6 @@ def variants(np: int, backends: list[str], light: bool = False) -> list[dict[str
                  {"name": f"allreduce-{backend}", "variant": "allreduce", "launcher": "horovodrun",
                   "backend": backend}]
     return rows
-
-
-def launch(spec: dict[str, Any], np: int, worker_args: list[str], env: dict[str, str],
-           timeout: int, drop: list[str] | None = None) -> dict[str, Any]:
-    """launch_once, and once more if it failed (once_more)."""
-    return once_more(f"[bench] {spec['variant']} np={np}",
-                     lambda: launch_once(spec, np, worker_args, env, timeout, drop))
-
-
-def once_more(label: str, attempt: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """attempt(), and once more if its record has an error: a multi-process start can fail for reasons
-    outside the variant (seen once in CI: torchrun's DDP exit 1 that no rerun reproduced). The failure is
-    printed and kept in the record ("retried_after"), so a retry never hides what happened."""
-    record = attempt()
-    if "error" not in record:
-        return record
-    print(f"{label} failed ({record['error']}), retrying once; its output ends:\n{record['output_tail']}",
-          file=sys.stderr, flush=True)
-    retry = attempt()
-    if "error" in retry:
-        print(f"{label} failed again ({retry['error']}); its output ends:\n{retry['output_tail']}",
-              file=sys.stderr, flush=True)
-    return {**retry, "retried_after": record["output_tail"]}
-
-
-def launch_once(spec: dict[str, Any], np: int, worker_args: list[str], env: dict[str, str],
-                timeout: int, drop: list[str] | None = None) -> dict[str, Any]:
-    """Run one worker job; return rank 0's record, or an error record (the table shows it).
-
-    env is added to this process's environment; drop names variables to remove from it."""
-    launcher = spec["launcher"]
-    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as scratch:
-        result = Path(scratch) / "result.json"
-        worker = ["-m", "benchmarks.worker", "--variant", spec["variant"], "--launcher", launcher,
-                  "--result", str(result), *worker_args]
-        if launcher == "horovodrun":
-            cmd = horovodrun(np, spec["backend"], env) + worker
-        elif launcher == "torchrun":
-            cmd = torchrun(np) + worker
-        else:
-            cmd = [sys.executable, *worker]
-        started = time.perf_counter()
-        full_env = {key: value for key, value in {**os.environ, **env}.items() if key not in (drop or [])}
-        out, code = run_job(cmd, full_env, timeout)
-        record = json.loads(result.read_text()) if code == 0 and result.exists() else None
-    if record is None:
-        tail = (out if isinstance(out, str) else out.decode())[-4000:]  # torchrun's own summary alone is ~1.5 kB
-        return {"error": f"exit {code}", "output_tail": tail, "launch_s": time.perf_counter() - started}
-    return {**record, "launch_s": time.perf_counter() - started}
-
-
-def run_job(cmd: list[str], env: dict[str, str], timeout: int) -> tuple[str, int]:
-    """(output, exit code; -1 on timeout). A timeout ends mpirun and its ranks too, not only the
-    launcher (a hung rank kept spinning and skewed later runs)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return out, proc.returncode
-    except subprocess.TimeoutExpired:
-        # Horovod's launcher runs mpirun in a process group of its own: end the whole tree, by PID.
-        for pid in [proc.pid, *descendants(proc.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        out, _ = proc.communicate()
-        return f"{out}timed out after {timeout}s", -1
-
-
-def descendants(root: int) -> list[int]:
-    """Every process below `root` (children, grandchildren...), from /proc's parent links."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def summarise(name: str, spec: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in records if "error" not in r]
-    row: dict[str, Any] = {"name": name, "variant": spec["variant"], "launcher": spec["launcher"],
-                           "backend": spec.get("backend"), "runs": len(records), "failed": len(records) - len(ok)}
-    retried = [r["retried_after"] for r in records if "retried_after" in r]
-    if retried:
-        row["retried_after"] = retried
-    if len(ok) < len(records):
-        row["errors"] = [r["output_tail"] for r in records if "error" in r]  # kept: a failure is a result too
-    if not ok:
-        return row
-    times = [t for r in ok for t in r["step_ms"]]
-    first = ok[0]
-    row.update({"params": first["params"], "grad_bytes": first["grad_bytes"], "batch_size": first["batch_size"],
-                "np": first["np"], "best_ms": min(times), "median_ms": statistics.median(times),
-                "round_best_ms": [r["best_ms"] for r in ok], "samples": len(times)})
-    cpu = [t for r in ok for t in r.get("cpu_ms", [])]
-    if cpu:
-        row["median_cpu_ms"] = statistics.median(cpu)  # rank 0's process CPU time per step (all threads)
-    comm = [sum(t["cpu_ms_per_step"] for t in r["threads_cpu"] if t["born"] == "comm-init")
-            for r in ok if r.get("threads_cpu") is not None]   # measured, if perhaps below one tick
-    if comm:
-        # CPU per step of the threads the communication init started (Horovod's background thread,
-        # DDP's gloo threads), median over runs: on one core per rank, time the training thread lacks.
-        row["comm_thread_cpu_ms"] = statistics.median(comm)
-    if spec["variant"] != "allreduce":
-        row["samples_per_s"] = first["batch_size"] * first["np"] * 1e3 / row["best_ms"]
-    return row
-
-
-def ratios(groups: dict[str, dict[str, dict[str, Any]]], backends: list[str]) -> dict[str, Any]:
-    """The issue's targets, as speed ratios (>1 = hvdtrain faster), from best-of-N step times."""
-    def best(group: str, name: str) -> float | None:
-        return groups.get(group, {}).get(name, {}).get("best_ms")
-
-    out: dict[str, Any] = {}
-    for model in sorted({g.split("/")[0] for g in groups}):
-        one, two = f"{model}/np1", f"{model}/np2"
-        r: dict[str, Any] = {}
-        pairs = [("hvdtrain_vs_horovod_np1", best(one, "horovod"), best(one, "hvdtrain")),
-                 ("hvdtrain_vs_single_np1", best(one, "single"), best(one, "hvdtrain")),
-                 ("ddp_vs_single_np1", best(one, "single"), best(one, "ddp"))]
-        for backend in backends:
-            hvt = best(two, f"hvdtrain-{backend}")
-            pairs += [(f"hvdtrain_vs_horovod_np2_{backend}", best(two, f"horovod-{backend}"), hvt),
-                      (f"hvdtrain_vs_ddp_np2_{backend}", best(two, "ddp"), hvt)]
-            compute, comm = best(two, "compute"), best(two, f"allreduce-{backend}")
-            comm_row = groups.get(two, {}).get(f"allreduce-{backend}", {})
-            if comm_row.get("median_cpu_ms") and comm_row.get("median_ms"):
-                # Near 1: the allreduce keeps its (one) core busy, so it cannot hide behind compute there.
-                r[f"allreduce_cpu_over_wall_{backend}"] = comm_row["median_cpu_ms"] / comm_row["median_ms"]
-            if hvt and compute and comm:
-                # Step time over the ideal of perfect overlap: target <= 1.15.
-                r[f"step_over_max_compute_comm_{backend}"] = hvt / max(compute, comm)
-                r[f"step_over_sum_compute_comm_{backend}"] = hvt / (compute + comm)
-            single = best(one, "hvdtrain")
-            if hvt and single:
-                # Weak scaling: throughput at np=2 over twice the one-worker throughput.
-                r[f"scaling_efficiency_hvdtrain_{backend}"] = single / hvt
-        ddp1, ddp2 = best(one, "ddp"), best(two, "ddp")
-        if ddp1 and ddp2:
-            r["scaling_efficiency_ddp"] = ddp1 / ddp2
-        for key, reference, ours in pairs:
-            if reference and ours:
-                r[key] = reference / ours
-        out[model] = r
-    return out
-
-
-def table(result: dict[str, Any]) -> str:
-    lines = [f"hvdtrain benchmarks  {result['meta']['started']}  load avg before/after "
-             f"{result['meta']['loadavg_before']} / {result['meta']['loadavg_after']}  "
-             f"({result['meta']['cpus']} CPUs; rounds={result['meta']['rounds']}, steps/run={result['meta']['steps']}"
-             f"{''.join(f', {m}: {n}' for m, n in result['meta'].get('model_steps', {}).items())})",
-             "", f"{'group':<16} {'variant':<18} {'best ms':>9} {'median ms':>10} {'cpu ms':>7} {'comm cpu':>8} "
-             f"{'samples/s':>10} {'x best':>7} {'runs':>5}",
-             "(x best: best ms over the group's fastest training variant; cpu ms: median CPU time per step of "
-             "rank 0's process, all threads; comm cpu: of which its communication threads)"]
-    for group, rows in result["groups"].items():
-        fastest = min((r["best_ms"] for r in rows.values() if "best_ms" in r and r["variant"] != "allreduce"),
-                      default=None)
-        for row in rows.values():
-            if "best_ms" not in row:
-                lines.append(f"{group:<16} {row['name']:<18} FAILED ({row['failed']}/{row['runs']} runs)")
-                continue
-            sps = f"{row['samples_per_s']:.0f}" if "samples_per_s" in row else "-"
-            rel = f"{row['best_ms'] / fastest:.2f}" if fastest else "-"
-            failed = f" ({row['failed']} failed)" if row["failed"] else ""
-            failed += f" ({len(row['retried_after'])} retried)" if "retried_after" in row else ""
-            cpu = f"{row['median_cpu_ms']:.1f}" if "median_cpu_ms" in row else "-"
-            comm = f"{row['comm_thread_cpu_ms']:.1f}" if "comm_thread_cpu_ms" in row else "-"
-            lines.append(f"{group:<16} {row['name']:<18} {row['best_ms']:>9.1f} {row['median_ms']:>10.1f} "
-                         f"{cpu:>7} {comm:>8} {sps:>10} {rel:>7} {row['runs']:>5}{failed}")
-    lines += ["", "ratios (speed: >1 means hvdtrain faster; step_over_*: step time / ideal, lower is better)"]
-    for model, r in result["ratios"].items():
-        for key, value in r.items():
-            lines.append(f"  {model:<11} {key:<40} {value:.3f}")
-    if result["bandwidth"]:
-        lines += ["", f"allreduce bus bandwidth GB/s (np={result['meta']['bandwidth_np']}; memcpy: bytes/s), best of "
-                      f"{result['meta']['bandwidth_iters']}",
-                  f"  {'MB':>6} " + " ".join(f"{name:>14}" for name in result["bandwidth"])]
-        sizes = sorted({row["size_mb"] for rows in result["bandwidth"].values() for row in rows})
-        for mb in sizes:
-            cells = []
-            for rows in result["bandwidth"].values():
-                hit = [row for row in rows if row["size_mb"] == mb]
-                cells.append(f"{hit[0]['busbw_gbs']:>14.3f}" if hit else f"{'-':>14}")
-            lines.append(f"  {mb:>6g} " + " ".join(cells))
-    return "\n".join(lines)
-
-
-def chart(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    labels, best, median = [], [], []
-    for group, rows in result["groups"].items():
-        for row in rows.values():
-            if "best_ms" in row:
-                labels.append(f"{group} {row['name']}")
-                best.append(row["best_ms"])
-                median.append(row["median_ms"])
-    y = range(len(labels))
-    axes[0].barh(list(y), median, color="#cbd5e8", label="median")
-    axes[0].barh(list(y), best, color="#1f77b4", height=0.5, label="best")
-    axes[0].set_yticks(list(y), labels, fontsize=7)
-    axes[0].invert_yaxis()
-    axes[0].set_xlabel("ms / step")
-    axes[0].legend()
-    axes[0].set_title("training step time")
-    for name, rows in result["bandwidth"].items():
-        axes[1].plot([r["size_mb"] for r in rows], [r["busbw_gbs"] for r in rows], marker="o", label=name)
-    axes[1].set_xscale("log", base=2)
-    axes[1].set_yscale("log")
-    axes[1].set_xlabel("message size (MB)")
-    axes[1].set_ylabel("bus bandwidth (GB/s)")
-    axes[1].set_title("allreduce (memcpy: copy rate)")
-    if result["bandwidth"]:
-        axes[1].legend()
-    fig.suptitle(f"hvdtrain benchmarks, load avg {result['meta']['loadavg_before']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -382,18 +139,6 @@ def latest_run(root: Path = RESULTS) -> Path | None:
     if not name or "/" in name or name in (".", "..") or not (folder / "results.json").is_file():
         return None
     return folder
-
-
-def git_head() -> str | None:
-    """The commit measured (with '+dirty' for uncommitted changes), for reading a result later."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("+dirty" if dirty else "")) or None
 
 
 def run(args: argparse.Namespace, partial: Path | None = None) -> dict[str, Any]:

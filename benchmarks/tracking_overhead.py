@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.worker import StepClock, bench_config, workload
+from benchmarks.clock import StepClock
+from benchmarks.loops import bench_config, workload
 from benchmarks.workloads import MODELS
 
 WARMUP = 10

@@ -4,9 +4,11 @@ Launched by benchmarks/run.py, never by hand: directly (one process), under horo
 variants) or under torchrun (DDP, torch.distributed). Rank 0 writes its JSON record to --result and
 prints a short `BENCH {json}` summary line.
 
-Every step variant is timed the same way: a forward pre-hook stamps the start of each training
-forward pass, so a step's time is the gap between consecutive stamps. That covers the data loader,
-forward, backward, gradient exchange and optimizer, and leaves out evaluation (model.eval()).
+This module starts the communication, places the rank (its core, its GPU) and runs the variant:
+the Trainer, the hand-written loop (benchmarks/loops.py) under Horovod, DDP or alone, or the bare
+allreduce. Every step variant is timed the same way, by benchmarks/clock.py: a forward pre-hook
+stamps the start of each training forward pass, so a step's time is the gap between consecutive
+stamps (data loader, forward, backward, gradient exchange and optimizer; not evaluation).
 """
 from __future__ import annotations
 
@@ -21,136 +23,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset
 
-from benchmarks.workloads import MODELS, config_values, is_tokens, narrow_resnet, token_step, token_workload
-from hvdtrain.config.train_config import TrainConfig, load_config
-from hvdtrain.data.datasets import build_data
-from hvdtrain.models.builtin import build_model
-from hvdtrain.models.zoo import resnet18
-
-
-def bench_config(model: str, steps: int, size: int, smoke: bool, threads: int,
-                 extra: list[str] | None = None, device: str = "cpu", precision: str = "fp32") -> TrainConfig:
-    """The trainer's config for a workload: enough samples that every timed step lies in epoch one."""
-    spec = config_values(model, smoke)
-    samples = (steps + 2) * int(spec["batch_size"]) * size * 2
-    values = {**spec, "dataset": "synthetic", "synthetic_samples": samples, "val_fraction": 0.05,
-              "max_steps": steps, "threads": threads, "run_dir": "", "lr_scaling": "none", "warmup_epochs": 0,
-              "lr_decay": "none", "lr": 0.01, "device": device, "precision": precision}
-    return load_config(None, [f"--{k.replace('_', '-')}={v}" for k, v in values.items()] + (extra or []))
-
-
-def thread_cpu_ms() -> dict[int, tuple[str, float]]:
-    """CPU time (user + system, ms) of every thread of this process: {tid: (name, ms)}. Linux only."""
-    tick = 1e3 / os.sysconf("SC_CLK_TCK")
-    found = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue  # the thread ended
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3
-        found[int(task.name)] = (stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) * tick)
-    return found
-
-
-class ThreadLedger:
-    """Which threads exist when (before init, after the communication init, later), and the CPU time
-    each used over the timed steps: tells the rank's main thread apart from Horovod's background
-    thread (or DDP's gloo threads) without a profiler."""
-
-    def __init__(self) -> None:
-        self.known: dict[int, str] = {}
-        self.mark("before-init")
-        self.first: dict[int, tuple[str, float]] = {}
-        self.last: dict[int, tuple[str, float]] = {}
-
-    def mark(self, tag: str) -> None:
-        if not Path("/proc/self/task").exists():
-            return
-        for tid in thread_cpu_ms():
-            self.known.setdefault(tid, "main" if tid == os.getpid() else tag)
-
-    def start(self) -> None:
-        self.first = thread_cpu_ms() if Path("/proc/self/task").exists() else {}
-
-    def stop(self) -> None:
-        self.last = thread_cpu_ms() if self.first else {}
-
-    def per_step(self, steps: int) -> list[dict[str, Any]] | None:
-        """CPU ms per timed step of each thread that used any, busiest first; None where not measured.
-
-        /proc counts CPU in 10 ms ticks: over a few short steps (the smoke run) no thread may show any."""
-        if not self.first or not self.last or steps <= 0:
-            return None
-        rows = []
-        for tid, (name, ms) in self.last.items():
-            used = ms - self.first.get(tid, (name, 0.0))[1]
-            if used > 0:
-                rows.append({"tid": tid, "name": name, "born": self.known.get(tid, "during-steps"),
-                             "cpu_ms_per_step": used / steps})
-        return sorted(rows, key=lambda r: -r["cpu_ms_per_step"])
-
-
-class StepClock:
-    """Stamps the start of every training forward pass of `model`. With `sync` (CUDA), waits for the
-    device first, so a stamp marks the end of the previous step's GPU work too."""
-
-    def __init__(self, model: nn.Module, ledger: ThreadLedger | None = None, warmup: int = 0, total: int = 0,
-                 sync: bool = False) -> None:
-        self.stamps: list[float] = []
-        self.cpu_stamps: list[float] = []  # CPU time of the whole process (all its threads)
-        self.ledger, self.warmup, self.total, self.sync = ledger, warmup, total, sync
-        # benchmarks.network: the host's interface, counted over exactly the timed steps (one rank per host)
-        self.iface = os.environ.get("BENCH_IFACE", "")
-        self.tx: list[int | None] = []
-        model.register_forward_pre_hook(self._stamp)
-
-    def _stamp(self, module: nn.Module, args: Any) -> None:
-        if module.training:
-            self.stamp()
-
-    def stamp(self) -> None:
-        if self.sync:
-            torch.cuda.synchronize()
-        self.stamps.append(time.perf_counter())
-        self.cpu_stamps.append(time.process_time())
-        if self.ledger is not None and len(self.stamps) == self.warmup + 1:
-            self.ledger.start()  # per-thread CPU over exactly the timed steps
-        if self.ledger is not None and len(self.stamps) == self.total:
-            self.ledger.stop()
-        if self.iface and len(self.stamps) in (self.warmup + 1, self.total):
-            self.tx.append(tx_bytes(self.iface))
-
-    def tx_bytes_per_step(self) -> float | None:
-        """Bytes this host sent per timed step (counters, not assumed), None where not counted."""
-        if len(self.tx) != 2 or None in self.tx or self.total - self.warmup - 1 <= 0:
-            return None
-        first, last = self.tx
-        assert first is not None and last is not None
-        return (last - first) / (self.total - self.warmup - 1)
-
-    def step_ms(self, warmup: int) -> list[float]:
-        return _gaps_ms(self.stamps)[warmup:]
-
-    def cpu_ms(self, warmup: int) -> list[float]:
-        """CPU time per step. With the rank pinned to one core, cpu / wall near 1 means that core had
-        no idle time left in which communication could have overlapped compute."""
-        return _gaps_ms(self.cpu_stamps)[warmup:]
-
-
-def tx_bytes(iface: str) -> int | None:
-    """Bytes this network namespace has sent through `iface` (/proc/net/dev is per namespace), or None."""
-    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-        name, _, counters = line.partition(":")
-        if name.strip() == iface:
-            return int(counters.split()[8])  # receive has 8 fields (bytes first), then transmit bytes
-    return None
-
-
-def _gaps_ms(stamps: list[float]) -> list[float]:
-    return [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:], strict=False)]
+from benchmarks.clock import StepClock, ThreadLedger
+from benchmarks.loops import bench_config, plain_loop, workload
+from benchmarks.workloads import MODELS
+from hvdtrain.config.train_config import load_config
 
 
 def pin(rank: int) -> int | None:
@@ -163,54 +40,6 @@ def pin(rank: int) -> int | None:
     return core
 
 
-def to(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, dict):
-        return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
-    return [value.to(device, non_blocking=True) for value in batch]
-
-
-def batch_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    if isinstance(batch, dict):
-        return token_step(model, batch)
-    inputs, targets = batch
-    return nn.functional.cross_entropy(model(inputs), targets)
-
-
-def plain_loop(model: nn.Module, optimizer: Any, loader: DataLoader, steps: int, device: torch.device,
-               precision: str = "fp32", horovod: bool = False) -> None:
-    """The hand-written step every loop variant shares: what a user would write.
-
-    precision bf16/fp16: autocast forward and loss; fp16 adds a GradScaler (with Horovod, the
-    documented order: synchronize, unscale, then step without a second synchronize)."""
-    from hvdtrain.train.precision import autocast, make_scaler
-
-    scaler = make_scaler(precision, device)
-    model.train()
-    done = 0
-    while done < steps:
-        for batch in loader:
-            optimizer.zero_grad()
-            with autocast(precision, device):
-                loss = batch_loss(model, to(batch, device))
-            if scaler is None:
-                loss.backward()
-                optimizer.step()
-            else:
-                scaler.scale(loss).backward()
-                if horovod:
-                    optimizer.synchronize()
-                scaler.unscale_(optimizer)
-                if horovod:
-                    with optimizer.skip_synchronize():
-                        scaler.step(optimizer)
-                else:
-                    scaler.step(optimizer)
-                scaler.update()
-            done += 1
-            if done >= steps:
-                return
-
-
 def local_rank(rank: int) -> int:
     return int(os.environ.get("LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK", rank)))
 
@@ -221,22 +50,6 @@ def pick(device: str, rank: int) -> torch.device:
         return torch.device("cpu")
     torch.cuda.set_device(local_rank(rank) % torch.cuda.device_count())
     return torch.device("cuda", torch.cuda.current_device())
-
-
-def workload(args: argparse.Namespace, config: TrainConfig, rank: int, size: int) -> dict[str, Any]:
-    """The model, full train/val data, this rank's shard loader and (dict batches) hvdtrain's step_fn."""
-    if is_tokens(args.model):
-        model, train, val = token_workload(args.model, args.smoke, config.synthetic_samples, config.seed)
-        step_fn: Any = token_step
-    else:
-        data = build_data(config)
-        train, val, step_fn = data.train, data.val, None
-        width = narrow_resnet(args.model, args.smoke)
-        model = (build_model(config, tuple(data.train[0][0].shape), data.num_classes) if width is None
-                 else resnet18(data.train[0][0].shape[0], data.num_classes, width=width))
-    shard = Subset(train, range(rank, len(train), size))
-    return {"model": model, "train": train, "val": val, "step_fn": step_fn,
-            "loader": DataLoader(shard, batch_size=config.batch_size, pin_memory=args.device == "cuda")}
 
 
 def run_steps(args: argparse.Namespace) -> dict[str, Any]:
