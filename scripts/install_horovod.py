@@ -56,6 +56,24 @@ def needs_cxx17(torch_version: str) -> bool:
     return parse_version(torch_version) >= (2, 1, 0)
 
 
+def cxx_standard_of(header_text: str) -> int:
+    """The C++ standard torch's umbrella header (torch/all.h) demands: its `#error C++NN or later` line.
+
+    Example:
+        >>> cxx_standard_of("#error C++20 or later compatible compiler is required."), cxx_standard_of("")
+        (20, 17)
+    """
+    found = re.search(r"#error C\+\+(\d\d) or later", header_text)
+    return max(17, int(found.group(1))) if found else 17
+
+
+def torch_cxx_standard(python: str) -> int:
+    code = ("import os, torch; print(open(os.path.join(os.path.dirname(torch.__file__), 'include', 'torch', 'csrc', "
+            "'api', 'include', 'torch', 'all.h')).read())")
+    proc = run([python, "-c", code])
+    return cxx_standard_of(proc.stdout) if proc.returncode == 0 else 17
+
+
 def cache_key(horovod: str, torch: str, python: str, cuda: str | None, nccl: bool, cc_list: str = "",
               torch_cuda: str | None = None) -> str:
     """One folder per build configuration; a wheel is reused only for an identical one.
@@ -71,9 +89,13 @@ def cache_key(horovod: str, torch: str, python: str, cuda: str | None, nccl: boo
     return f"horovod-{horovod}-torch{safe_torch}-py{python}-{accel}"
 
 
+# The standard torch's headers demand (HVDTRAIN_TORCH_CXX_STANDARD, from torch_cxx_standard: 17 up to torch
+# 2.14, 20 from 2.15); the bundled gloo stays C++17, which links with a C++20 extension (both have inline variables).
 _TORCH_STD = (
     'if(NOT Pytorch_VERSION VERSION_LESS "1.5.0")\n    set(CMAKE_CXX_STANDARD 14)\nendif()',
-    f'{CXX17_MARKER}\nif(NOT Pytorch_VERSION VERSION_LESS "2.1.0")\n    set(CMAKE_CXX_STANDARD 17)\n'
+    f'{CXX17_MARKER}\nif(NOT Pytorch_VERSION VERSION_LESS "2.1.0" AND DEFINED ENV{{HVDTRAIN_TORCH_CXX_STANDARD}})\n'
+    '    set(CMAKE_CXX_STANDARD $ENV{HVDTRAIN_TORCH_CXX_STANDARD})\n'
+    'elseif(NOT Pytorch_VERSION VERSION_LESS "2.1.0")\n    set(CMAKE_CXX_STANDARD 17)\n'
     'elseif(NOT Pytorch_VERSION VERSION_LESS "1.5.0")\n    set(CMAKE_CXX_STANDARD 14)\nendif()',
 )
 _TORCH_GLOO = (
@@ -566,7 +588,9 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
         apply_gcc13_fix(src)  # harmless for older compilers: only standard includes
         if needs_cxx17(torch_version):
             apply_cxx17_fix(src)
-            say(f"torch {torch_version} needs C++17: applied hvdtrain's build fix")
+            standard = torch_cxx_standard(python)
+            gpu_env = {**gpu_env, "HVDTRAIN_TORCH_CXX_STANDARD": str(standard)}
+            say(f"torch {torch_version} needs C++{standard}: applied hvdtrain's build fix")
         wheel = compile_wheel(python, src, Path(tmp) / "dist", build_env(cuda, nccl, gpu_env), log)
         install_wheel(python, wheel, log)
         print(verify(python, expected))
