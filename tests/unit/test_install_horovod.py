@@ -433,3 +433,23 @@ def test_an_installed_horovod_built_against_another_torch_is_not_a_match(tmp_pat
     assert ih.installed_matches(sys.executable, torch.__version__)          # the copy imports and matches
     (copy / "metadata.json").write_text('{"pytorch": "2.15.0+cu132", "dummy": "none"}')
     assert not ih.installed_matches(sys.executable, torch.__version__)      # built for another torch: rebuild
+
+
+def test_the_torch_extension_gets_the_standard_torchs_header_demands(horovod_source, tmp_path):
+    """torch 2.15's headers stop at `#error C++20 or later`: the patched CMake takes the standard found there."""
+    ih.apply_cxx17_fix(horovod_source)
+    text = (horovod_source / "horovod/torch/CMakeLists.txt").read_text()
+    start = text.index(ih.CXX17_MARKER)
+    block = text[start:text.index("endif()", start) + len("endif()")]
+    (tmp_path / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.13)\nproject(p NONE)\n"
+                                             'set(Pytorch_VERSION "2.15.0")\n' + block +
+                                             '\nmessage(STATUS "STD=${CMAKE_CXX_STANDARD}")\n')
+    for given, expected in (("20", "20"), (None, "17")):
+        env = {k: v for k, v in os.environ.items() if k != "HVDTRAIN_TORCH_CXX_STANDARD"}
+        if given:
+            env["HVDTRAIN_TORCH_CXX_STANDARD"] = given
+        proc = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / f"b{given}")], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert f"STD={expected}" in proc.stdout
+    assert ih.torch_cxx_standard(sys.executable) >= 17
