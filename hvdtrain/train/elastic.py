@@ -136,6 +136,7 @@ class ElasticRun:
             else:
                 self._handover = handover
                 weakref.finalize(self, handover.release)   # held while the run's Trainer lives
+        # Horovod: one small broadcast per (re)start, so that every rank stops together on a refusal.
         refused = collectives.broadcast_object(refused, name="hvdtrain.run_dir_handover")
         if refused:
             raise UserError(refused)
