@@ -159,3 +159,101 @@ def run_commandline() -> int:
     from horovod.runner.launch import run_commandline as horovodrun
 
     return int(horovodrun() or 0)
+
+
+# ---------------------------------------------------------------- the elastic driver (hvdtrain launch)
+
+
+class DriverView:
+    """What hvdtrain reads and does on a running Horovod ElasticDriver: public methods where 0.28.1 has them
+    (finished, stop, has_rank_assignment, host_assignments), its private state where it has none."""
+
+    def __init__(self, driver: Any) -> None:
+        from horovod.runner.elastic.registration import FAILURE, SUCCESS
+
+        self.driver, self.failure, self.success = driver, FAILURE, SUCCESS
+
+    def finished(self) -> bool:
+        return bool(self.driver.finished())
+
+    def stop(self, error_message: str | None = None) -> None:
+        self.driver.stop(error_message=error_message)
+        with self.driver._wait_hosts_cond:   # wake a driver thread waiting for slots: it sees the stop
+            self.driver._wait_hosts_cond.notify_all()
+
+    def has_rank_assignment(self, host: str, slot: int) -> bool:
+        """The slot has a place in the current world (False for a blacklisted host)."""
+        return bool(self.driver.has_rank_assignment(host, slot))
+
+    def assigned_hosts(self) -> set[str]:
+        """Hosts of the last world (empty until the job first starts)."""
+        return set(self.driver.host_assignments)
+
+    def min_np(self) -> int:
+        return int(self.driver._min_num_proc)
+
+    def available(self) -> tuple[int, list[str]]:
+        """(slots available now, hosts available now) by the driver's own discovery and blacklist."""
+        hosts = self.driver._host_manager.current_hosts
+        return hosts.count_available_slots(), list(hosts.available_hosts)
+
+    def record_failure(self, host: str, slot: int) -> None:
+        """Record a worker as failed, as Horovod does when it exits non-zero (it waits for the others' reports).
+        Raises AdapterError when the driver is still running but would not take it."""
+        try:
+            self.driver._worker_registry.record_failure(host, slot)
+        except Exception as err:
+            if self.driver.finished():
+                return   # the driver stopped meanwhile (its barrier broken): nothing left to drop from
+            raise AdapterError(f"Horovod {version()}'s elastic driver did not record the failure of "
+                               f"{host}[{slot}]: {type(err).__name__}: {err}") from err
+
+    def stopped_by_success(self) -> bool:
+        """The driver stopped because a worker of the round succeeded, with no error of its own."""
+        return (self.driver.finished() and self.driver._results._error_message is None
+                and self.driver._worker_registry.count(self.success) > 0)
+
+    def failed_in_last_round(self, host: str, local_rank: int) -> bool:
+        return self.driver._worker_registry._states.get((host, local_rank)) == self.failure
+
+    def wrap_worker_exit(self, wrap: Callable[[Callable[..., None]], Callable[..., None]]) -> None:
+        """Replace the driver's handler of a worker's exit (slot_info, exit_code, timestamp) by wrap(original)."""
+        self.driver._handle_worker_exit = wrap(self.driver._handle_worker_exit)
+
+
+@contextmanager
+def driver_created(callback: Callable[[Any], None]) -> Iterator[None]:
+    """Inside: every ElasticDriver Horovod builds (deep inside launch_gloo_elastic, so its constructor is the one
+    place to hook) is handed to `callback` right after it is constructed."""
+    from horovod.runner.elastic import driver as hvd_driver
+
+    original_init = hvd_driver.ElasticDriver.__init__
+
+    def init_and_call(driver: Any, *a: Any, **kw: Any) -> None:
+        original_init(driver, *a, **kw)
+        callback(driver)
+
+    hvd_driver.ElasticDriver.__init__ = init_and_call
+    try:
+        yield
+    finally:
+        hvd_driver.ElasticDriver.__init__ = original_init
+
+
+def horovodrun_args(argv: list[str]) -> Any:
+    """horovodrun's own parsing of `argv` (its args namespace)."""
+    from horovod.runner import launch as hvd_launch
+
+    saved, sys.argv = sys.argv, ["horovodrun", *argv]
+    try:
+        return hvd_launch.parse_args()
+    finally:
+        sys.argv = saved
+
+
+def horovodrun_run(args: Any) -> None:
+    """horovodrun's run of parsed args, in this process (its private _run: the public entry re-parses argv)."""
+    from horovod.runner import launch as hvd_launch
+
+    check_version()
+    hvd_launch._run(args)

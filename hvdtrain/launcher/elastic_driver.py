@@ -28,10 +28,11 @@ import socketserver
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.distributed import control_wire
+from hvdtrain.distributed import control_wire, horovod_runner
 from hvdtrain.launcher.worker_watch import WorkerWatch, interface_address
 
 WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
@@ -44,10 +45,10 @@ GRACE_S = 45.0   # after giving up: Horovod terminates its workers (SIGTERM, SIG
 class BelowMinNpWatch(threading.Thread):
     """Ends the job when the driver has had fewer than --min-np slots for `wait_s` seconds.
 
-    Reads the driver's private state (host manager, host assignments): Horovod is pinned to 0.28.1.
+    Reads the driver through the adapter (distributed/horovod_runner.DriverView).
     """
 
-    def __init__(self, driver: Any, wait_s: float) -> None:
+    def __init__(self, driver: horovod_runner.DriverView, wait_s: float) -> None:
         super().__init__(name="hvdtrain-below-min-np", daemon=True)
         self.driver, self.wait_s = driver, wait_s
         self.gave_up: str | None = None
@@ -55,20 +56,20 @@ class BelowMinNpWatch(threading.Thread):
     def run(self) -> None:
         below_since: float | None = None
         while not self.driver.finished():
-            hosts = self.driver._host_manager.current_hosts
-            assigned = set(self.driver._host_assignments)   # the last world; empty until the job first starts
-            if assigned and hosts.count_available_slots() < self.driver._min_num_proc:
+            slots, available = self.driver.available()
+            assigned = self.driver.assigned_hosts()   # the last world; empty until the job first starts
+            if assigned and slots < self.driver.min_np():
                 below_since = below_since or time.monotonic()
                 if time.monotonic() - below_since >= self.wait_s:
-                    self._give_up(sorted(assigned - set(hosts.available_hosts)), hosts)
+                    self._give_up(sorted(assigned - set(available)))
                     return
             else:
                 below_since = None
             time.sleep(POLL_S)
 
-    def _give_up(self, lost: list[str], hosts: Any) -> None:
-        left = hosts.count_available_slots()
-        self.gave_up = (f"hvdtrain: error: fewer than --min-np {self.driver._min_num_proc} slots for "
+    def _give_up(self, lost: list[str]) -> None:
+        left, _ = self.driver.available()
+        self.gave_up = (f"hvdtrain: error: fewer than --min-np {self.driver.min_np()} slots for "
                         f"{self.wait_s:g} s: lost host(s) {', '.join(lost) or '(none named)'}; {left} slot(s) "
                         f"left; the job stops (resume with --resume auto from the run's checkpoints)")
         print(self.gave_up, file=sys.stderr, flush=True)
@@ -76,9 +77,7 @@ class BelowMinNpWatch(threading.Thread):
         # HTTP servers print one for each worker that hung up mid-request: after the line above, noise.
         logging.disable(logging.CRITICAL)
         socketserver.BaseServer.handle_error = _quiet  # type: ignore[method-assign,assignment]
-        self.driver.stop(error_message=self.gave_up)
-        with self.driver._wait_hosts_cond:   # wake a driver thread waiting for slots: it sees the stop
-            self.driver._wait_hosts_cond.notify_all()
+        self.driver.stop(error_message=self.gave_up)   # also wakes a driver thread waiting for slots
         self.exit_later()
 
     def exit_later(self) -> None:
@@ -93,7 +92,7 @@ def _quiet(*_args: Any) -> None:
 
 
 class EndInSuccess:
-    """Wraps the driver's `_handle_worker_exit`: once the driver has stopped because a worker of the round
+    """Wraps the driver's handler of a worker's exit: once the driver has stopped because a worker of the round
     succeeded (the job trained to its end and rank 0 printed "done"), a worker it terminated in that stop is
     not a failure of the job.
 
@@ -105,30 +104,19 @@ class EndInSuccess:
     FAILURE (a worker that failed in that round still fails the job, as in Horovod).
     """
 
-    def __init__(self, driver: Any) -> None:
-        from horovod.runner.elastic.registration import FAILURE, SUCCESS
-
-        self.driver, self.failure, self.success = driver, FAILURE, SUCCESS
-        self.handle = driver._handle_worker_exit
+    def __init__(self, driver: horovod_runner.DriverView, handle: Callable[..., None]) -> None:
+        self.driver, self.handle = driver, handle
         self.forgiven: list[str] = []
 
     def __call__(self, slot_info: Any, exit_code: int, timestamp: float) -> None:
-        if exit_code != 0 and self._stopped_by_success() and not self._failed(slot_info):
+        if (exit_code != 0 and self.driver.stopped_by_success()
+                and not self.driver.failed_in_last_round(slot_info.hostname, slot_info.local_rank)):
             name = f"{slot_info.hostname}[{slot_info.local_rank}]"
             self.forgiven.append(name)
             print(f"hvdtrain: note: the job had finished; the worker {name}, ended by Horovod as it stopped the "
                   f"job (exit {exit_code}), is not counted as a failure", file=sys.stderr, flush=True)
             exit_code = 0
         self.handle(slot_info, exit_code, timestamp)
-
-    def _stopped_by_success(self) -> bool:
-        registry = self.driver._worker_registry
-        return (self.driver.finished() and self.driver._results._error_message is None
-                and registry.count(self.success) > 0)
-
-    def _failed(self, slot_info: Any) -> bool:
-        states = self.driver._worker_registry._states
-        return states.get((slot_info.hostname, slot_info.local_rank)) == self.failure
 
 
 def peer_timeout_s(command: list[str]) -> float:
@@ -160,11 +148,7 @@ def worker_watch(args: Any, env: dict[str, str] | os._Environ[str]) -> WorkerWat
 
 
 def main(argv: list[str]) -> int:
-    from horovod.runner import launch as hvd_launch
-    from horovod.runner.elastic import driver as hvd_driver
-
-    sys.argv = ["horovodrun", *argv]
-    args = hvd_launch.parse_args()
+    args = horovod_runner.horovodrun_args(argv)
     if args.log_level:   # as horovodrun's own entry point does
         logging.addLevelName(logging.NOTSET, "TRACE")
         logging.basicConfig(level=logging.getLevelName(args.log_level))
@@ -176,20 +160,18 @@ def main(argv: list[str]) -> int:
     os.environ.pop(control_wire.CONTROL_KEY_ENV, None)   # horovodrun would write it on the workers' command lines
     if workers is not None:   # its port reaches the workers with horovodrun's environment (the key: secrets file)
         os.environ.update(workers.env())
-    original_init = hvd_driver.ElasticDriver.__init__
 
-    # Horovod builds its driver deep inside launch_gloo_elastic: its constructor is the one place to hook.
-    def init_and_watch(driver: Any, *a: Any, **kw: Any) -> None:
-        original_init(driver, *a, **kw)
-        driver._handle_worker_exit = EndInSuccess(driver)
-        watches.append(BelowMinNpWatch(driver, wait_s))
+    def watch(driver: Any) -> None:
+        view = horovod_runner.DriverView(driver)
+        view.wrap_worker_exit(lambda handle: EndInSuccess(view, handle))
+        watches.append(BelowMinNpWatch(view, wait_s))
         watches[-1].start()
         if workers is not None:
-            workers.watch(driver)
+            workers.watch(view)
 
-    hvd_driver.ElasticDriver.__init__ = init_and_watch
     try:
-        hvd_launch._run(args)
+        with horovod_runner.driver_created(watch):
+            horovod_runner.horovodrun_run(args)
     except RuntimeError as err:
         if not any(w.gave_up for w in watches):
             print(f"hvdtrain: error: {err}".rstrip(), file=sys.stderr, flush=True)

@@ -16,8 +16,9 @@ In its place, for the length of one launch (`serving()`), this store:
 - keeps the accepted results in this process: the launcher's own reads come from here, not over HTTP;
 - listens on the address of the job's network interface when it is known (127.0.0.1 on one machine).
 
-The driver's own PUT and GETs are redirected in-process by patching three names of `horovod.runner.launch`;
-`serving()` checks that `_run_static` still uses them and fails loudly when a Horovod release changes that.
+The driver's own PUT and GETs are redirected in-process by the adapter (distributed/horovod_runner.py,
+`job_store_replaced`), which checks that Horovod's launcher still calls the names it replaces and fails loudly
+when a Horovod release changes that.
 """
 from __future__ import annotations
 
@@ -40,7 +41,6 @@ from hvdtrain.launcher.sealed import result_purpose, unseal
 JOB_PATH = "/runfunc/func"
 RESULT_SCOPE = "/runfunc_result/"
 REQUEST_TIMEOUT_S = 10
-# The names of horovod.runner.launch that _run_static calls for a function job (Horovod 0.28.1).
 # Opcodes of `pickle.dumps(some_bytes)` at protocol 3 to 5: nothing that imports, calls or builds objects.
 _BYTES_OPS = {"PROTO", "FRAME", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "MEMOIZE", "BINPUT", "LONG_BINPUT",
               "STOP"}

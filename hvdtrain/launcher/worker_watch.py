@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from hvdtrain.distributed import control_wire
+from hvdtrain.distributed import control_wire, horovod_runner
 from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV, FROM_DRIVER, MAX_DATAGRAM, TO_DRIVER
 from hvdtrain.distributed.driver_heartbeat import (
     BYE,
@@ -84,7 +84,8 @@ class WorkerWatch(threading.Thread):
         return {CONTROL_KEY_ENV: self.key}
 
     def watch(self, driver: Any) -> None:
-        self.driver = driver
+        """Start judging the workers of `driver` (Horovod's ElasticDriver, or the adapter's view of one)."""
+        self.driver = driver if isinstance(driver, horovod_runner.DriverView) else horovod_runner.DriverView(driver)
         self.start()
 
     def run(self) -> None:
@@ -126,15 +127,11 @@ class WorkerWatch(threading.Thread):
             return
         for key, heard in list(self.heard.items()):
             host, slot = key
-            if self.driver._host_manager.is_blacklisted(host) or not self._assigned(host, slot):
+            if not self.driver.has_rank_assignment(host, slot):
                 del self.heard[key]   # Horovod has dropped it already, or it has no place in this world
             elif now - heard.at >= self.timeout_s:
                 del self.heard[key]
                 self.drop(host, slot, heard, now - heard.at)
-
-    def _assigned(self, host: str, slot: int) -> bool:
-        assignments = self.driver._host_assignments
-        return host in assignments and len(assignments[host]) > slot
 
     def drop(self, host: str, slot: int, heard: Heard, silent_s: float) -> None:
         self.dropped.add((host, slot, heard.pid))
@@ -149,6 +146,8 @@ class WorkerWatch(threading.Thread):
 
     def _record_failure(self, host: str, slot: int) -> None:
         try:
-            self.driver._worker_registry.record_failure(host, slot)
-        except Exception:   # the driver stopped meanwhile (its barrier broken): nothing left to drop from
-            pass
+            self.driver.record_failure(host, slot)
+        except horovod_runner.AdapterError as err:   # the driver runs on but did not drop it: say so, loudly
+            line = f"hvdtrain: error: could not drop the worker on host {host} (slot {slot}): {err}"
+            self.lines.append(line)
+            print(line, file=sys.stderr, flush=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -101,8 +102,10 @@ def test_smoke_run_end_to_end(tmp_path):
                 "scaling_efficiency_hvdtrain_gloo"} <= set(result["ratios"][model]), model
     assert result["groups"]["transformer/np2"]["hvdtrain-gloo"]["params"] > 0
     assert not (tmp_path.parent / LATEST).exists()  # a smoke run never moves the latest pointer
-    # Per-thread CPU recorded: Horovod's background and Gloo threads do work at np=2, so it cannot be zero.
-    assert result["groups"]["mlp/np2"]["hvdtrain-gloo"]["comm_thread_cpu_ms"] > 0
+    row = result["groups"]["mlp/np2"]["hvdtrain-gloo"]
+    # The comm threads' CPU is read from /proc in 10 ms ticks, and a smoke step (~2.5 ms) may register none: only
+    # that it is recorded is checked. The process CPU per step comes from a ns clock and must be positive.
+    assert math.isfinite(row["comm_thread_cpu_ms"]) and row["median_cpu_ms"] > 0
     for impl in ("horovod-gloo", "torch-gloo", "memcpy"):
         rows = result["bandwidth"][impl]
         assert [r["size_mb"] for r in rows] == [0.25, 1.0] and all(r["busbw_gbs"] > 0 for r in rows), impl

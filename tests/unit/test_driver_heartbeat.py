@@ -105,13 +105,17 @@ def test_the_worker_exits_only_on_the_drivers_sealed_answer_naming_it(tmp_path):
 
 
 class FakeDriver:
-    """What WorkerWatch reads of Horovod's ElasticDriver: a world of node2 (two slots), nothing blacklisted."""
+    """What WorkerWatch asks of the adapter's view of Horovod's driver (horovod_runner.DriverView): a world of
+    node2 (two slots), nothing blacklisted. (The view on the real driver: tests/unit/test_elastic_end_of_job.py.)"""
 
     def __init__(self) -> None:
-        self._host_assignments = {"node2": [0, 1]}
-        self._host_manager = SimpleNamespace(is_blacklisted=lambda host: False)
         self.failed: list[tuple[str, int]] = []
-        self._worker_registry = SimpleNamespace(record_failure=lambda host, slot: self.failed.append((host, slot)))
+
+    def has_rank_assignment(self, host: str, slot: int) -> bool:
+        return host == "node2" and slot < 2
+
+    def record_failure(self, host: str, slot: int) -> None:
+        self.failed.append((host, slot))
 
 
 def test_the_driver_keeps_its_own_timeout_and_believes_no_forged_or_replayed_beat():

@@ -7,6 +7,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+from hvdtrain.distributed import horovod_runner
 from hvdtrain.launcher import elastic_driver
 from hvdtrain.launcher.elastic_driver import BelowMinNpWatch
 
@@ -34,6 +35,10 @@ class FakeDriver:
         self.stopped = False
         self.stopped_with: str | None = None
 
+    @property
+    def host_assignments(self) -> dict[str, list]:
+        return self._host_assignments
+
     def finished(self) -> bool:
         return self.stopped
 
@@ -45,7 +50,7 @@ def watch(driver: FakeDriver, wait_s: float, monkeypatch) -> BelowMinNpWatch:
     monkeypatch.setattr(elastic_driver, "POLL_S", 0.01)
     # Giving up quiets this process's logging and socketserver errors: undone after the test.
     monkeypatch.setattr(socketserver.BaseServer, "handle_error", socketserver.BaseServer.handle_error)
-    found = BelowMinNpWatch(driver, wait_s)
+    found = BelowMinNpWatch(horovod_runner.DriverView(driver), wait_s)
     found.exit_later = lambda: None   # the real one ends the process after a grace period
     return found
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from hvdtrain.distributed import horovod_runner
 from hvdtrain.launcher.elastic_driver import EndInSuccess
 
 pytest.importorskip("horovod.runner.elastic.driver")
@@ -34,9 +35,12 @@ def run_job(worker, wrap: bool) -> tuple[dict[str, tuple[int, float]], str | Non
     """Three one-slot hosts; `worker(driver, slot_info, events)` is each worker's life; the job's results."""
     driver = ElasticDriver(Rendezvous(), FixedHosts({"host1": 1, "host2": 1, "host3": 1}), min_num_proc=2,
                            max_num_proc=3, timeout=30)
-    forgiving = EndInSuccess(driver) if wrap else None
-    if forgiving is not None:
-        driver._handle_worker_exit = forgiving   # as elastic_driver.main installs it
+    forgiving = None
+    if wrap:   # as elastic_driver.main installs it, through the adapter
+        view = horovod_runner.DriverView(driver)
+        installed: list[EndInSuccess] = []
+        view.wrap_worker_exit(lambda handle: installed.append(EndInSuccess(view, handle)) or installed[-1])
+        forgiving = installed[0]
     try:
         driver.start(3, lambda slot_info, events: worker(driver, slot_info, events))
         results = driver.get_results()

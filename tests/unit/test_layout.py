@@ -184,3 +184,43 @@ def test_test_file_names_are_unique_across_tiers():
     """pytest imports test files by basename (no packages under tests/): two tiers with one name stop collection."""
     names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+
+def _horovod_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found += [name for name in names if name == "horovod" or name.startswith("horovod.")]
+    return found
+
+
+def test_horovod_is_imported_only_under_distributed():
+    """distributed/runtime.py (horovod.torch) and distributed/horovod_runner.py (its launcher side) are the
+    seams; everything else asks them (issue 38)."""
+    outside = {str(path.relative_to(ROOT)): _horovod_imports(path) for path in PACKAGE.rglob("*.py")
+               if "distributed" not in path.relative_to(PACKAGE).parts[:1] and _horovod_imports(path)}
+    assert not outside, outside
+
+
+def test_horovods_private_names_are_touched_only_in_the_adapter():
+    """Any private name Horovod's launcher defines (`self._x`, `def _x`), read off an object other than self,
+    outside distributed/horovod_runner.py, is a reach into Horovod's internals the adapter should own."""
+    horovod = pytest.importorskip("horovod")
+    private: set[str] = set()
+    for path in (Path(horovod.__file__).parent / "runner").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                private.add(node.attr)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name.startswith("_") \
+                    and not node.name.startswith("__"):
+                private.add(node.name)
+    assert {"_worker_registry", "_host_manager", "_run"} <= private   # the scan sees what the adapter uses
+    reaches = [f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}"
+               for path in PACKAGE.rglob("*.py") if path.name != "horovod_runner.py"
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Attribute) and node.attr in private
+               and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))]
+    assert not reaches, reaches
