@@ -86,7 +86,8 @@ def test_sbatch_recipe_trains_on_the_allocation_with_srun_and_no_ssh(uninterrupt
     assert summary["workers"] == 2 and summary["steps"] == 46, summary
 
 
-def test_scancel_term_mid_epoch_checkpoints_and_resume_equals_the_uninterrupted_run(slurm, tmp_path, uninterrupted):
+def held_job(slurm, tmp_path):
+    """A job held after its step-10 checkpoint (the hold file), running: (hold, log, args, job id)."""
     hold, log = tmp_path / "hold", tmp_path / "first.out"
     hold.touch()
     args = [*JOB, "--run-dir", str(tmp_path), "--name", "run"]
@@ -95,6 +96,12 @@ def test_scancel_term_mid_epoch_checkpoints_and_resume_equals_the_uninterrupted_
     wait_for(lambda: (ckpts / "ckpt-000000010.pt").exists() or slurm.job_state(job) not in ("PENDING", "RUNNING"),
              timeout=JOB_TIMEOUT)
     assert slurm.job_state(job) == "RUNNING", log.read_text()[-3000:]
+    return hold, log, args, job
+
+
+def test_scancel_term_mid_epoch_checkpoints_and_resume_equals_the_uninterrupted_run(slurm, tmp_path, uninterrupted):
+    hold, log, args, job = held_job(slurm, tmp_path)
+    ckpts = tmp_path / "run" / "checkpoints"
     # As an admin or a preemption would: TERM to every task of the job's steps (not the batch shell).
     slurm.client("scancel", "--signal=TERM", job)
     hold.unlink()
@@ -141,14 +148,8 @@ def test_scontrol_requeue_mid_epoch_resumes_by_itself_and_equals_the_uninterrupt
 def test_early_warning_usr1_to_the_batch_shell_reaches_every_task_and_checkpoints(slurm, tmp_path, uninterrupted):
     """What `#SBATCH --signal=B:USR1@T` sends, sent now: `scancel --batch --signal=USR1` signals the batch shell
     only, which is srun (the recipe exec()s it); srun forwards USR1 to every task, and they stop together."""
-    hold, log = tmp_path / "hold", tmp_path / "first.out"
-    hold.touch()
-    args = [*JOB, "--run-dir", str(tmp_path), "--name", "run"]
-    job = sbatch(slurm, log, args, FAULTS_HOLD_FILE=str(hold), FAULTS_HOLD_AFTER=str(HOLD_AFTER))
+    hold, log, args, job = held_job(slurm, tmp_path)
     ckpts = tmp_path / "run" / "checkpoints"
-    wait_for(lambda: (ckpts / "ckpt-000000010.pt").exists() or slurm.job_state(job) not in ("PENDING", "RUNNING"),
-             timeout=JOB_TIMEOUT)
-    assert slurm.job_state(job) == "RUNNING", log.read_text()[-3000:]
     slurm.client("scancel", "--batch", "--signal=USR1", job)
     hold.unlink()
     slurm.wait_job(job, JOB_TIMEOUT)
