@@ -431,7 +431,8 @@ def test_an_installed_horovod_built_against_another_torch_is_not_a_match(tmp_pat
     shutil.copytree(Path(horovod.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     assert ih.installed_matches(sys.executable, torch.__version__)          # the copy imports and matches
-    (copy / "metadata.json").write_text('{"pytorch": "2.15.0+cu132", "dummy": "none"}')
+    other = "2.15.0+cu132" if torch.__version__ != "2.15.0+cu132" else "2.13.0+cu130"
+    (copy / "metadata.json").write_text(f'{{"pytorch": "{other}", "dummy": "none"}}')
     assert not ih.installed_matches(sys.executable, torch.__version__)      # built for another torch: rebuild
 
 
