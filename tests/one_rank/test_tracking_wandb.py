@@ -110,3 +110,20 @@ def test_the_reader_follows_records_across_the_files_32_kib_blocks(tmp_path, mon
     assert {item.key: json.loads(item.value_json) for item in started.config.update}["big"] == big
     assert [row["m/a"] for row in wandb_files.history(tmp_path / "wandb")] == [float(s) for s in range(0, 300, 3)]
     assert wandb_files.last_steps(tmp_path / "wandb", run.id) == {"m/a": 297}
+
+
+def test_an_offline_run_writes_no_credential_anywhere_in_its_folder(tmp_path, monkeypatch):
+    """Issue 36: credentials in the environment (by name and by value shape) reach neither W&B's files nor any
+    other file of the run folder, nor the console."""
+    secrets = {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwx", "MY_DB": "postgresql://alice:pw-s3cret-42@db:5432/x",
+               "HTTPS_PROXY": "http://bob:proxy-s3cret-7@127.0.0.1:9"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    proc = run([], tmp_path)
+    needles = ["abcdefghijklmnopqrstuvwx", "pw-s3cret-42", "proxy-s3cret-7"]
+    assert not [n for n in needles if n in proc.stdout + proc.stderr]
+    files = [path for path in (tmp_path / "runs").rglob("*") if path.is_file()]
+    assert any(path.suffix == ".wandb" for path in files), "no W&B run file was written"
+    leaked = [(str(path.relative_to(tmp_path)), n) for path in files for n in needles
+              if n.encode() in path.read_bytes()]
+    assert not leaked, leaked
