@@ -34,6 +34,8 @@ CASES = {
     "digits-1437-gloo-3": (DIGITS_1437 + ["--batch-size", "32"], "gloo", 3),
     "synthetic-3277-mpi-2": (SYNTHETIC_3277 + ["--batch-size", "64"], "mpi", 2),
     "synthetic-3277-gloo-3": (SYNTHETIC_3277 + ["--batch-size", "64"], "gloo", 3),
+    "digits-1437-mpi-2": (DIGITS_1437 + ["--batch-size", "32"], "mpi", 2),
+    "synthetic-3277-mpi-3": (SYNTHETIC_3277 + ["--batch-size", "64"], "mpi", 3),
 }
 
 
