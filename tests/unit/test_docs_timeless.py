@@ -26,7 +26,7 @@ def prose(text: str) -> str:
 
 def problems(text: str) -> list[str]:
     found = []
-    for number, line in enumerate(prose(text).splitlines(), 1):
+    for line in prose(text).splitlines():
         found += [f"date {m[0]!r}: {line.strip()[:80]}" for m in DATE.finditer(line)]
         found += [f"machine load {m[0]!r}: {line.strip()[:80]}" for m in LOAD.finditer(line)]
         found += [f"commit hash {m[0]!r}: {line.strip()[:80]}" for m in HASH.finditer(line)]
