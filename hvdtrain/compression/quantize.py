@@ -35,7 +35,8 @@ def _torchao() -> Any:
     try:
         import torchao.quantization as tq
     except ImportError as err:
-        raise UserError(f"int8 needs torchao ({err}); pip install 'hvdtrain[compress]' (torchao==0.18.0)") from None
+        raise UserError(f"int8 needs torchao ({err}); pip install -e '.[compress]' in hvdtrain's checkout "
+                        "(torchao==0.18.0)") from None
     return tq
 
 

@@ -137,7 +137,8 @@ def _import_ray() -> Any:
         import ray
         import ray.util.placement_group  # noqa: F401 - loads ray.util's submodule
     except ImportError as err:
-        raise UserError(f"Ray support needs ray ({err}); install it with: pip install 'hvdtrain[ray]'") from None
+        raise UserError(f"Ray support needs ray ({err}); install it with: pip install -e '.[ray]' in "
+                        "hvdtrain's checkout") from None
     return ray
 
 

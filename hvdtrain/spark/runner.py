@@ -166,7 +166,8 @@ def _on_spark(fn: Callable[..., Any], args: tuple, kwargs: dict, num_proc: int, 
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
     except ImportError as err:
-        raise UserError(f"Spark support needs pyspark ({err}); install it with: pip install 'hvdtrain[spark]'") \
+        raise UserError(f"Spark support needs pyspark ({err}); install it with: pip install -e '.[spark]' "
+                        "in hvdtrain's checkout") \
             from None
 
     created = None

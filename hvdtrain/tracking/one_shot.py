@@ -36,7 +36,8 @@ def log_run(folder: Path, *, tracking: str, experiment: str, params: Mapping[str
     if chosen == "none":
         return ""
     if chosen != "mlflow" or importlib.util.find_spec("mlflow") is None:
-        warn(f"tracking: {chosen} is not available here (pip install 'hvdtrain[tracking]' for mlflow); "
+        warn(f"tracking: {chosen} is not available here (pip install -e '.[tracking]' in hvdtrain's "
+             "checkout for mlflow); "
              "the results are in their folder only")
         return ""
     uri = env.get("MLFLOW_TRACKING_URI", "")

@@ -180,7 +180,8 @@ def start(run_dir: Path, config: TrainConfig, *, say: Callable[[str], None], war
     if chosen == "none" or not process.is_rank_zero():
         return None
     if importlib.util.find_spec(chosen) is None:
-        warn(f"tracking: {chosen} is not installed (pip install 'hvdtrain[tracking]'); training goes on untracked")
+        warn(f"tracking: {chosen} is not installed (pip install -e '.[tracking]' in hvdtrain's checkout); "
+             "training goes on untracked")
         return None
     tags = context.tags(run_dir, config, backend=backend, device=device)
     if chosen == "wandb":  # offline into the run folder unless WANDB_MODE says otherwise

@@ -243,7 +243,7 @@ def test_run_directory_has_curves_png_step_time_and_best_weights(tmp_path, capsy
 
 def test_tensorboard_events_are_readable(tmp_path, one_worker):
     pytest.importorskip("tensorboard", reason="the optional tensorboard package is not installed "
-                                              "(pip install hvdtrain[tensorboard])")
+                                              "(pip install -e '.[tensorboard]')")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     fit(load_config(None, [*MLP, "--log-interval", "10", "--run-dir", str(tmp_path), "--name", "tb"]))
