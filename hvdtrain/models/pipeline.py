@@ -96,14 +96,19 @@ def assign_devices(local_rank: int, local_size: int, stages: int, visible: int, 
     return [local_rank * stages + i for i in range(stages)]
 
 
-def stage_devices(kind: str, local_rank: int, local_size: int, k: int, visible_gpus: int) -> list[torch.device]:
-    """The devices of one worker's stages: `local_rank*k ... local_rank*k+k-1` on CUDA, else CPU k times.
+def stage_devices(first: torch.device, k: int, visible_gpus: int) -> list[torch.device]:
+    """The devices of one worker's k stages: on CUDA the GPUs from the first stage's on (pick_device chose it,
+    shared view or own), else CPU k times.
 
-    Raises a one-line UserError when the workers on this host need more GPUs than are visible.
+    Raises a one-line UserError when they run past the visible GPUs.
     """
-    if kind != "cuda":
+    if first.type != "cuda":
         return [torch.device("cpu")] * k
-    return [torch.device("cuda", i) for i in assign_devices(local_rank, local_size, k, visible_gpus)]
+    start = first.index or 0
+    if start + k > visible_gpus:
+        raise UserError(f"--stages {k} from GPU {start} needs GPUs up to {start + k - 1} but {visible_gpus} are "
+                        "visible; use fewer --stages or workers per host")
+    return [torch.device("cuda", start + i) for i in range(k)]
 
 
 class Pipeline(nn.Module):
@@ -181,13 +186,6 @@ def place(model: nn.Module, device: torch.device, *, local_rank: int, local_size
         stages = len(model)
     if stages == 1:
         return model.to(device)
-    if device.type == "cuda":
-        # The first stage's GPU was chosen by pick_device (shared or own view); the rest follow it.
-        first = device.index or 0
-        if first + stages > torch.cuda.device_count():
-            raise UserError(f"--stages {stages} from GPU {first} needs GPUs up to {first + stages - 1} but "
-                            f"{torch.cuda.device_count()} are visible; use fewer --stages or workers per host")
-        devices = [torch.device("cuda", first + i) for i in range(stages)]
-    else:
-        devices = [torch.device("cpu")] * stages
+    visible = torch.cuda.device_count() if device.type == "cuda" else 0
+    devices = stage_devices(device, stages, visible)
     return Pipeline(model, devices, split=split, micro_batches=micro_batches)

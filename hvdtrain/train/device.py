@@ -29,7 +29,6 @@ def pick_device(choice: str, local_rank: int, *, local_size: int = 1, stages: in
     if views is None:
         # Horovod: every rank on a CUDA path says which GPUs it sees, to tell one-process-per-GPU layouts apart.
         views = collectives.allgather_object((socket.gethostname(), gpu_ids(visible)), name="hvdtrain.gpu_views")
-    own = own_gpu_view(views, socket.gethostname())
     given = os.environ.get(FIRST_GPU_ENV, "")
     if given.isdigit():
         first = int(given)
@@ -38,6 +37,7 @@ def pick_device(choice: str, local_rank: int, *, local_size: int = 1, stages: in
                             f"{visible} are visible; give each worker at least {stages} GPUs")
     else:
         # Horovod: one GPU per worker (K with --stages K), chosen by its rank on this host, never shared.
+        own = own_gpu_view(views, socket.gethostname())
         first = assign_devices(local_rank, local_size, stages, visible, own_view=own)[0]
     torch.cuda.set_device(first)
     return torch.device("cuda", first)
@@ -56,7 +56,8 @@ def threads_per_worker(workers_on_host: int, cpu_count: int | None = None) -> in
 
 
 def gpu_ids(visible: int) -> list[str]:
-    """Ids of the GPUs this process sees that are the same in every process (UUIDs, else PCI bus ids)."""
+    """Ids of the GPUs this process sees, the same for one GPU in every process: UUIDs (torch >= 2.0 has them);
+    without one, name, index and CUDA_VISIBLE_DEVICES, which tell shared views from per-process ones apart."""
     ids = []
     for index in range(visible):
         props = torch.cuda.get_device_properties(index)

@@ -10,7 +10,7 @@ from torch import nn
 from hvdtrain.config.train_config import load_config
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
-from hvdtrain.models.pipeline import Pipeline, balanced_split, place, stage_devices
+from hvdtrain.models.pipeline import Pipeline, assign_devices, balanced_split, place, stage_devices
 
 CPU = torch.device("cpu")
 
@@ -24,10 +24,14 @@ def test_balanced_split_is_contiguous_non_empty_and_even():
 
 
 def test_stage_devices_hybrid_placement_and_validation():
-    assert stage_devices("cuda", 1, 2, 2, visible_gpus=4) == [torch.device("cuda", 2), torch.device("cuda", 3)]
-    assert stage_devices("cpu", 1, 2, 3, visible_gpus=0) == [CPU] * 3
+    assert stage_devices(torch.device("cuda", 2), 2, visible_gpus=4) == [torch.device("cuda", 2),
+                                                                           torch.device("cuda", 3)]
+    assert stage_devices(CPU, 3, visible_gpus=0) == [CPU] * 3
+    # The refusal of too few GPUs for the host's workers x stages comes first, where the first GPU is picked.
     with pytest.raises(UserError, match=r"2 workers on this host x 2 stages need 4 GPUs but 3 GPUs visible"):
-        stage_devices("cuda", 0, 2, 2, visible_gpus=3)
+        assign_devices(0, 2, 2, visible=3)
+    with pytest.raises(UserError, match=r"^--stages 2 from GPU 2 needs GPUs up to 3 but 3 are visible"):
+        stage_devices(torch.device("cuda", 2), 2, visible_gpus=3)
 
 
 @pytest.mark.parametrize("model_name, k, m", [("mlp", 2, 4), ("cnn", 2, 4), ("cnn", 3, 3)])
