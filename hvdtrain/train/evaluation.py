@@ -96,6 +96,7 @@ def predict_shard(model: nn.Module, data: Any, rank: int, size: int, batch_size:
             output = first_tensor(model(batch[0] if isinstance(batch, (list, tuple)) and len(batch) == 2
                                         else batch))
         assert output is not None, "the model returned no tensor"
+        # To CPU: the gather pickles, and a pickled CUDA tensor would unpickle onto that GPU index on every rank.
         chunks.append(output.cpu())
     model.train(was_training)
     return torch.cat(chunks) if chunks else torch.empty(0)
