@@ -15,7 +15,7 @@ SETUP_KEY := $(shell printf '%s|%s|%s' '$(TORCH_SPEC)' '$(TORCH_INDEX_URL)' '$(E
 STAMP := $(VENV)/.hvdtrain-setup-ok-$(SETUP_KEY)
 BIN := $(VENV)/bin
 
-.PHONY: setup run test test-fast lint doctor gpu-check bench docs clean docker-cpu docker-gpu
+.PHONY: setup run test test-all test-fast lint doctor gpu-check bench docs clean docker-cpu docker-gpu
 
 setup: $(STAMP)
 
@@ -26,7 +26,11 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/choose_tor
 run: setup
 	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) $(BIN)/python -m hvdtrain $(ARGS)
 
+# The default run (what .ci/run calls): every tier without the long forms (docs/testing.md); test-all adds them.
 test: setup
+	$(BIN)/python -m pytest -m "not long" $(ARGS)
+
+test-all: setup
 	$(BIN)/python -m pytest $(ARGS)
 
 # Unit tests and one-worker tests only (a few minutes): the tiers in tests/unit and tests/one_rank.

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 # Plug-ins that tests name as 'module:function' (and import directly); rank-side scripts live in ranks/.
 PLUGINS_DIR = ROOT / "tests" / "plugins"
 sys.path.insert(0, str(PLUGINS_DIR))
+# pytest's own variable, changed by it between phases: not a test's leak.
+PYTEST_OWN = "PYTEST_CURRENT_TEST"
 TIERS = ("unit", "one_rank", "multirank", "cluster")
 # A job small enough to compare weights across launches: 2 workers x batch b must equal 1 worker x 2b.
 EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction", "0.2",
@@ -23,21 +27,55 @@ EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction
          "--threads", "1"]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Markers by folder: tests/unit -> unit, tests/one_rank -> one_rank, and so on."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--order", default="as-collected", metavar="ORDER",
+                     help="run the collected tests as-collected, reversed, or shuffled:SEED (a seeded shuffle): "
+                          "the suite must pass in any order")
+
+
+def order_items(items: list[pytest.Item], order: str) -> None:
+    """Reorder in place; a bad ORDER is a one-line usage error."""
+    if order == "as-collected":
+        return
+    if order == "reversed":
+        items.reverse()
+        return
+    kind, _, seed = order.partition(":")
+    if kind != "shuffled" or not seed.isdigit():
+        raise pytest.UsageError(f"--order {order!r}: use as-collected, reversed or shuffled:SEED (SEED an integer, "
+                                "e.g. shuffled:38)")
+    random.Random(int(seed)).shuffle(items)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Markers by folder (tests/unit -> unit, tests/one_rank -> one_rank, ...), then the --order asked for."""
     for item in items:
         tier = next((part for part in Path(str(item.fspath)).parts if part in TIERS), None)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
+    order_items(items, config.getoption("order"))
+
+
+class EnvironmentLeak(UserWarning):
+    """A test changed os.environ and did not undo it (restored by the restore_environ fixture)."""
 
 
 @pytest.fixture(autouse=True)
-def restore_environ():
-    """Tests may set variables; none leaks into the next test."""
+def restore_environ(request: pytest.FixtureRequest):
+    """Tests may set variables; none leaks into the next test. A change left behind is undone and reported as an
+    EnvironmentLeak warning naming the test and the variables (use monkeypatch.setenv, or restore them)."""
     saved = dict(os.environ)
     yield
-    os.environ.clear()
-    os.environ.update(saved)
+    changed = sorted(name for name in set(saved) | set(os.environ)
+                     if saved.get(name) != os.environ.get(name) and name != PYTEST_OWN)
+    if changed:
+        own = os.environ.get(PYTEST_OWN)
+        os.environ.clear()
+        os.environ.update(saved)
+        if own is not None:
+            os.environ[PYTEST_OWN] = own
+        warnings.warn(EnvironmentLeak(f"{request.node.nodeid} left os.environ changed: {', '.join(changed)} "
+                                      "(restored)"), stacklevel=1)
 
 
 def equiv_one_process(run_dir: Path, name: str) -> None:

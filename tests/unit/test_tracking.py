@@ -11,6 +11,7 @@ import pytest
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.tracking import start
 from hvdtrain.tracking.context import embedded_store, metrics, resolve
+from hvdtrain.tracking.mlflow_sink import QUICK_HTTP
 
 
 def test_auto_is_mlflow_only_when_a_server_is_named():
@@ -31,8 +32,12 @@ def test_only_rank_zero_tracks(tmp_path, monkeypatch):
     assert start(tmp_path, TrainConfig(tracking="none"), say=print, warn=pytest.fail) is None
 
 
-def test_an_unreachable_server_is_one_warning_and_finish_does_not_hang(tmp_path):
+def test_an_unreachable_server_is_one_warning_and_finish_does_not_hang(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
+    # The sink's thread sets MLflow's quick-retry defaults in this process, possibly after finish() has given up
+    # waiting: set here to the same values, they are undone after the test whenever that happens.
+    for name, value in QUICK_HTTP.items():
+        monkeypatch.setenv(name, value)
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
