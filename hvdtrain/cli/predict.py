@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 from hvdtrain.cli.args import Commands, Parser, command_parser
 from hvdtrain.cli.options import add_options, values
 from hvdtrain.config.fields import option
-from hvdtrain.config.train_config import TrainConfig, load_config
+from hvdtrain.config.train_config import DEVICES, TrainConfig, load_config
 from hvdtrain.errors import UserError
 
 if TYPE_CHECKING:
     import torch
+
+    from hvdtrain.environment.process import Process
 
 SPLITS = ("val", "train")
 
@@ -31,8 +33,10 @@ class PredictOptions:
     dataset: str = option("", "dataset to predict on; '' = the one trained on", metavar="NAME")
     split: str = option("val", "which split of the dataset", choices=SPLITS)
     batch_size: int = option(256, "samples per forward pass")
-    procs: int = option(0, "a torch.multiprocessing pool of N processes on this machine instead of Horovod; "
+    procs: int = option(0, "a torch.multiprocessing pool of N CPU processes on this machine instead of Horovod; "
                            "0 = Horovod's ranks")
+    device: str = option("auto", "Horovod's ranks: auto (one GPU per rank when CUDA is present), cpu or cuda; "
+                                 "a compressed model and --procs run on CPU", choices=DEVICES)
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -41,6 +45,9 @@ class PredictOptions:
             raise UserError(f"predict: --procs must be >= 0 (0 = Horovod's ranks), got {self.procs}")
         if Path(self.out).suffix not in (".pt", ".npy"):
             raise UserError(f"predict: --out {self.out} must end in .pt or .npy")
+        if self.procs and self.device == "cuda":
+            raise UserError(f"predict: --procs {self.procs} runs a CPU pool; for GPUs drop --procs and launch "
+                            "with horovodrun -np N (one GPU per rank)")
 
 
 def parser(commands: Commands | None = None) -> Parser:
@@ -71,8 +78,9 @@ def load_trained(path: str) -> tuple[dict[str, torch.Tensor] | Path, TrainConfig
 
 
 def predict_split(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, rank: int, size: int,
-                  batch_size: int) -> torch.Tensor:
-    """Outputs for samples rank, rank+size, ... of the split (a pure function of its arguments)."""
+                  batch_size: int, device: torch.device | None = None) -> torch.Tensor:
+    """Outputs for samples rank, rank+size, ... of the split (a pure function of its arguments), computed on
+    `device` (CPU when None) and returned on CPU."""
     import torch
 
     from hvdtrain.data.datasets import build_data
@@ -86,9 +94,21 @@ def predict_split(state: dict[str, torch.Tensor] | Path, config: TrainConfig, sp
         from hvdtrain.compression.export import load_exported
 
         model = load_exported(state)
+        device = None  # int8 kernels are CPU-only, and export fixed the graph's devices
     else:
-        model = finished_run.rebuild(config, state, data)
-    return predict_shard(model, dataset, rank, size, batch_size, torch.device("cpu"))
+        model = finished_run.rebuild(config, state, data).to(device or "cpu")
+    return predict_shard(model, dataset, rank, size, batch_size, device or torch.device("cpu"))
+
+
+def rank_device(state: dict[str, torch.Tensor] | Path, choice: str, world: Process) -> torch.device:
+    """A Horovod rank's device for `predict_split`: training's rule (one GPU per rank), CPU for a compressed model."""
+    import torch
+
+    from hvdtrain.train.device import pick_device
+
+    if isinstance(state, Path):
+        return torch.device("cpu")
+    return pick_device(choice, world.local_rank, local_size=world.local_size)
 
 
 def _pool_worker(job: tuple[Any, ...]) -> Any:
@@ -145,7 +165,8 @@ def main(args: list[str]) -> int:
     from hvdtrain.distributed import collectives, runtime
 
     world = runtime.init()
-    local = predict_split(state, config, opts.split, world.rank, world.size, opts.batch_size)
+    device = rank_device(state, opts.device, world)
+    local = predict_split(state, config, opts.split, world.rank, world.size, opts.batch_size, device)
     # Horovod: shards differ in length (1001 over 3 ranks), so gather them as objects.
     shards = collectives.allgather_object(local, name="predict_cli")
     if world.is_root:
