@@ -6,8 +6,8 @@ that index answers, and falls back to the default index (PyPI) when it does not,
 TORCH_INDEX_URL the user gives always wins. An existing venv whose torch is the other build (CPU vs CUDA)
 is switched: pip alone would call the installed one "already satisfied".
 
-Standard library only. Prints three lines for setup-env: the index ('' = the default), whether to remove
-the installed torch first (0/1), and the one line to show the user.
+Standard library only (and its sibling install_horovod.py). Prints three lines for setup-env: the index
+('' = the default), whether to remove the installed torch first (0/1), and the one line to show the user.
 """
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+# A sibling script: scripts/ is sys.path[0] when setup-env runs this file, and tests put it there.
+from install_horovod import InstallError, probe_torch
 
 CPU_INDEX_URL = "https://download.pytorch.org/whl/cpu"
 
@@ -88,11 +91,14 @@ def reachable(index_url: str, timeout_s: float = 5.0) -> bool:
 
 
 def installed_build(python: str) -> str | None:
-    code = "import torch; print('cuda' if torch.version.cuda else 'cpu')"
+    """'cpu' / 'cuda' for the torch `python` imports; None without that python or without torch."""
     if not os.path.exists(python):
         return None
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    return proc.stdout.strip() or None if proc.returncode == 0 else None
+    try:
+        _, cuda = probe_torch(python)
+    except InstallError:
+        return None
+    return "cuda" if cuda else "cpu"
 
 
 def main(argv: list[str]) -> int:

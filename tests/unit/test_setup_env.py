@@ -133,3 +133,15 @@ def test_the_setup_stamp_changes_with_the_torch_build_asked_for(tmp_path):
 
     stamps = {stamp(), stamp(TORCH_INDEX_URL=CU128), stamp(TORCH_SPEC="torch==2.14.1"), stamp(EXTRAS="dev")}
     assert len(stamps) == 4 and stamp() in stamps
+
+
+def test_installed_build_reads_the_venv_torch_through_install_horovods_probe(tmp_path):
+    import torch
+
+    assert ct.installed_build(sys.executable) == ("cuda" if torch.version.cuda else "cpu")
+    assert ct.installed_build(str(tmp_path / "no-venv" / "bin" / "python")) is None
+    # A Python without torch (a venv being created): no build to replace.
+    bare = tmp_path / "bare-python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    bare.chmod(0o755)
+    assert ct.installed_build(str(bare)) is None
