@@ -174,8 +174,8 @@ class Pipeline(nn.Module):
         return torch.cat(acts).to(inputs.device)
 
 
-def place(model: nn.Module, device: torch.device, *, local_rank: int, local_size: int, stages: int,
-          split: Sequence[int] = (), micro_batches: int = 1) -> nn.Module:
+def place(model: nn.Module, device: torch.device, *, stages: int, split: Sequence[int] = (),
+          micro_batches: int = 1) -> nn.Module:
     """The model on this worker's device(s): moved as a whole when stages == 1, else a Pipeline.
 
     `device` is the first stage's device (the trainer's `pick_device`, from `assign_devices`).

@@ -103,8 +103,8 @@ class Trainer:
         self.train_data, self.val_data = train_data, val_data
         # Horovod: with sync_bn, BatchNorm statistics come from the global batch, not each worker's shard.
         model = sync_bn.convert_sync_bn(model) if config.sync_bn else model
-        self.model = place(model, self.device, local_rank=world.local_rank, local_size=world.local_size,
-                           stages=config.stages, split=config.stage_split, micro_batches=config.micro_batches)
+        self.model = place(model, self.device, stages=config.stages, split=config.stage_split,
+                           micro_batches=config.micro_batches)
         if config.compile:  # after placement: compiled for the device it runs on
             self.model = compile_model(self.model)
         self.step_fn = step_fn

@@ -71,7 +71,7 @@ def test_uneven_last_micro_batch_and_explicit_split():
 
 def test_a_list_of_stages_and_errors():
     stages = nn.ModuleList([nn.Sequential(nn.Linear(4, 8), nn.ReLU()), nn.Linear(8, 2)])
-    pipe = place(stages, CPU, local_rank=0, local_size=1, stages=1, micro_batches=2)
+    pipe = place(stages, CPU, stages=1, micro_batches=2)
     assert isinstance(pipe, Pipeline) and pipe.stage_names == [["0"], ["1"]]
     assert pipe(torch.randn(5, 4)).shape == (5, 2)
     with pytest.raises(UserError, match="needs an nn.Sequential model"):
