@@ -36,8 +36,10 @@ PODMAN = ["podman", "--runtime", "runc"]
 # podman run needs these here: raising limits above the host's is not permitted.
 RUN_FLAGS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
 # The first test to use the image also pays for building it (about 10 minutes on 2 cores, longer
-# when Horovod has to be compiled): more than the suite's default per-test timeout.
-IMAGE_TEST = pytest.mark.timeout(3600)
+# when Horovod has to be compiled): more than the suite's default per-test timeout. The image tests are the
+# long tier (make test-all); the default run keeps the checks above of what goes into the build.
+def IMAGE_TEST(test):  # noqa: N802 - reads as the mark it was
+    return pytest.mark.long(pytest.mark.timeout(3600)(test))
 
 
 # ---------------------------------------------------------------- a small Dockerfile parser

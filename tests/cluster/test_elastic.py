@@ -258,7 +258,8 @@ def checkpoints(tmp_path: Path) -> list[Path]:
     return sorted(folder.glob("ckpt-*.pt")) if folder.exists() else []
 
 
-@pytest.mark.parametrize("how", ["removed", "killed"])
+# One representative (a killed worker) in the default run; the host removed from discovery is the long tier.
+@pytest.mark.parametrize("how", [pytest.param("removed", marks=pytest.mark.long), "killed"])
 def test_below_min_np_the_job_saves_then_ends_with_one_line_naming_the_lost_host(tmp_path, elastic_job, how):
     """horovod#3494: below --min-np Horovod waits for ever (removed) or 600 s (killed); hvdtrain launch bounds it."""
     proc, hosts = elastic_job(launcher=HVDTRAIN_LAUNCH, start_timeout=WAIT_S)

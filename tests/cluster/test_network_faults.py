@@ -135,7 +135,8 @@ def worker_pid(cluster: NamespaceCluster, role: str) -> int:
     return pids[0]
 
 
-@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+# Gloo in the default run; MPI (the same peer watch and resume, another transport) in the long tier.
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.long)])
 def test_a_host_partitioned_for_20_s_is_ridden_out_or_named_and_resume_continues_exactly(
         cluster, reference, tmp_path, backend):
     host2 = cluster.workers[1]

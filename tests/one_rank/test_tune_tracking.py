@@ -15,7 +15,8 @@ pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 
-@pytest.mark.parametrize("mode,trials", [("job", 4), ("inprocess", 2)])  # inprocess: 2 trials, CI time
+# The default run: 2 trials per mode (one launch each); 4 job trials (a pruned one more likely) are the long tier.
+@pytest.mark.parametrize("mode,trials", [("job", 2), ("inprocess", 2), pytest.param("job", 4, marks=pytest.mark.long)])
 def test_a_study_is_one_parent_run_with_a_nested_run_per_trial(tmp_path, mode, trials):
     (tmp_path / "space.yaml").write_text("lr: {type: float, low: 0.02, high: 0.2, log: true}\n"
                                          "batch_size: {type: categorical, choices: [16, 32]}\n")
