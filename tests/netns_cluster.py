@@ -76,8 +76,9 @@ class NamespaceCluster:
             self.nodes.append(node)  # before creating, so cleanup covers a half-made one
             _run("ip", "netns", "add", node.namespace)
 
-    def start(self) -> None:
-        """Bridge, addresses, name resolution, keys and one sshd per host; waits until ssh works."""
+    def start(self, sshd: bool = True) -> None:
+        """Bridge, addresses, name resolution, keys and (unless `sshd` is False) one sshd per host; waits
+        until ssh works."""
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "link", "set", self.bridge, "up")
         for index, node in enumerate(self.nodes):
@@ -98,11 +99,17 @@ class NamespaceCluster:
             (etc / "ssh" / "ssh_config").write_text(
                 "Host *\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n"
                 "    LogLevel ERROR\n    BatchMode yes\n")
+        if sshd:
+            self.start_sshd()
+
+    def start_sshd(self) -> None:
+        """One sshd per host (those not already running); waits until ssh works."""
         if not Path("/run/sshd").is_dir():  # sshd's privilege separation folder (systemd makes it)
             Path("/run/sshd").mkdir(mode=0o755)
             self.made_run_sshd = True
         for node in self.workers:
-            self._start_sshd(node)
+            if node.sshd is None or node.sshd.poll() is not None:
+                self._start_sshd(node)
         for node in self.workers:
             self._wait_for_ssh(node)
 
@@ -241,7 +248,7 @@ def _kill_namespace_processes(namespace: str) -> list[str]:
 
 
 @contextmanager
-def running_cluster(hosts: int = 2, tools: tuple[str, ...] = ()) -> Iterator[NamespaceCluster]:
+def running_cluster(hosts: int = 2, tools: tuple[str, ...] = (), sshd: bool = True) -> Iterator[NamespaceCluster]:
     """A started cluster for a pytest fixture: skipped (not failed) where namespaces or sshd cannot exist
     here, and cleaned up afterwards with anything left behind reported as a failure. `tools`: other
     commands the test needs on PATH (e.g. tc)."""
@@ -260,7 +267,7 @@ def running_cluster(hosts: int = 2, tools: tuple[str, ...] = ()) -> Iterator[Nam
             made.create_namespaces()
         except subprocess.CalledProcessError as err:
             pytest.skip(f"cannot create network namespaces here: `ip netns add` said {err.stderr.strip()!r}")
-        made.start()
+        made.start(sshd=sshd)
         yield made
     finally:
         problems = made.cleanup()

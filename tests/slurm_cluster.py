@@ -1,16 +1,25 @@
-"""A real Slurm cluster on this machine for tests: munged, slurmctld and one slurmd, all ours.
+"""A real Slurm cluster on this machine for tests: munged, slurmctld and slurmd(s), all ours.
 
-One node on loopback (`NodeName=hvdtnode NodeAddr=127.0.0.1 CPUs=<cores>`), not one slurmd per
-network-namespace host: the multi-host variant (slurmd under `nsenter --net` in each host namespace of
-tests/netns_cluster.py, a private /tmp per node for PMIx) is described in shared/ENVIRONMENT.md and
-left for later. Every daemon gets its own key, socket, config, spool, state, pid and log paths in one
-temporary folder, and ports of its own: nothing under /etc, /run or /var is read or written, and the
-machine's own munged or Slurm (if any) is never touched. Runs as root (slurmd starts job steps as the
-submitting user). No cgroups: `proctrack/linuxproc`, `task/none`, `jobacct_gather/none`.
+Two shapes, one class:
+- one node on loopback (`running_slurm()`): `NodeName=hvdtnode NodeAddr=127.0.0.1`, every daemon in the
+  root network namespace;
+- one node per network-namespace host of tests/netns_cluster.py (`running_slurm_hosts(2)`): slurmctld in
+  the launcher namespace (reachable from every host over the bridge), one slurmd per host namespace with its
+  own NodeName (host1, host2...), NodeAddr (the host's bridge address), spool, pid, log and tmp folder. Each
+  slurmd runs under `nsenter --net` (not `ip netns exec`, which remounts /sys and hides the cgroup mounts
+  slurmd reads) inside `unshare --mount --uts`: its own host name, and that host's /etc/hosts and ssh client
+  config bind-mounted over the machine's, so the jobs it starts resolve host names and ssh the way the
+  namespace's own processes do. PMIx's client folder is `<TmpFS>/spmix_appdir_<uid>_<job>.<step>`: TmpFS
+  holds %n (a folder per node), or two nodes sharing this filesystem would collide on it ("File exists").
+One munged for all (its socket is a path: every namespace reaches it), one key. Every daemon gets its own
+config, spool, state, pid and log paths in one temporary folder and ports of its own: nothing under /etc,
+/run or /var is written, and the machine's own munged or Slurm (if any) is never touched. Runs as root
+(slurmd starts job steps as the submitting user). No cgroups: `proctrack/linuxproc`, `task/none`.
 
-Clients (sbatch, srun, squeue, scancel) find the cluster through `SLURM_CONF`: use `cluster.env()`.
-Tear-down kills exactly the daemons started here (by PID), then every process of a job step they left
-behind (found by the `SLURM_CONF` in its environment), and removes the folder.
+Clients (sbatch, srun, squeue, scancel) find the cluster through `SLURM_CONF` (`cluster.env()`) and, on the
+namespace cluster, run in the launcher namespace (`cluster.command(...)`). Tear-down kills exactly the daemons
+started here (by PID), then every process of a job step they left behind (found by the `SLURM_CONF` in its
+environment), and removes the folder; the namespace cluster then kills what is left in its namespaces.
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from netns_cluster import SSH_PORT, NamespaceCluster, running_cluster
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -36,30 +46,41 @@ NODE = "hvdtnode"
 PARTITION = "hvdt"
 
 
+@dataclass
+class SlurmNode:
+    name: str                       # NodeName, and the host name its jobs see
+    address: str                    # NodeAddr: where slurmctld and the other nodes reach its slurmd
+    netns: str | None = None        # `ip netns` name; None: the root namespace
+    etc: Path | None = None         # the namespace's /etc/netns folder (hosts, ssh/ssh_config) to mount
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def slurm_conf(folder: Path, cpus: int, ctld_port: int, slurmd_port: int, munge_socket: Path) -> str:
-    """The whole configuration: one node, one partition, no accounting, no cgroups."""
+def slurm_conf(folder: Path, nodes: list[SlurmNode], cpus: int, controller: str, ports: tuple[int, int],
+               munge_socket: Path) -> str:
+    """The whole configuration: the nodes, one partition, no accounting, no cgroups. `controller`: the address
+    slurmctld listens on (its name is `localhost`, which slurmctld accepts as its own whatever the host name)."""
     return "\n".join([
         "ClusterName=hvdtrain-test",
-        "SlurmctldHost=localhost(127.0.0.1)",
-        f"SlurmctldPort={ctld_port}",
-        f"SlurmdPort={slurmd_port}",
+        f"SlurmctldHost=localhost({controller})",
+        f"SlurmctldPort={ports[0]}",
+        f"SlurmdPort={ports[1]}",
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={munge_socket}",
         f"StateSaveLocation={folder / 'ctld-state'}",
-        f"SlurmdSpoolDir={folder / 'slurmd-spool'}",
+        f"SlurmdSpoolDir={folder / 'spool-%n'}",
+        f"TmpFS={folder / 'tmp-%n'}",
         f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
-        f"SlurmdPidFile={folder / 'slurmd.pid'}",
+        f"SlurmdPidFile={folder / 'slurmd-%n.pid'}",
         f"SlurmctldLogFile={folder / 'slurmctld.log'}",
-        f"SlurmdLogFile={folder / 'slurmd.log'}",
+        f"SlurmdLogFile={folder / 'slurmd-%n.log'}",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
         "ProctrackType=proctrack/linuxproc",
@@ -77,14 +98,19 @@ def slurm_conf(folder: Path, cpus: int, ctld_port: int, slurmd_port: int, munge_
         "KillWait=60",
         "InactiveLimit=0",
         "MinJobAge=600",
-        f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname=localhost CPUs={cpus} State=UNKNOWN",
-        f"PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+        *(f"NodeName={node.name} NodeAddr={node.address} NodeHostname={node.name if node.netns else 'localhost'} "
+          f"CPUs={cpus} State=UNKNOWN" for node in nodes),
+        f"PartitionName={PARTITION} Nodes={','.join(node.name for node in nodes)} Default=YES MaxTime=INFINITE "
+        "State=UP",
         "",
     ])
 
 
 @dataclass
 class SlurmCluster:
+    nodes: list[SlurmNode] = field(default_factory=lambda: [SlurmNode(NODE, "127.0.0.1")])
+    controller: str = "127.0.0.1"             # slurmctld's address
+    controller_netns: str | None = None       # where slurmctld and the clients run; None: the root namespace
     folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hvdt-slurm-")))
     cpus: int = field(default_factory=lambda: os.cpu_count() or 2)
     daemons: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -103,6 +129,10 @@ class SlurmCluster:
         env.update(SLURM_CONF=str(self.conf), **extra)
         return env
 
+    def command(self, *cmd: str) -> list[str]:
+        """`cmd` as a client of this cluster runs it: in the controller's network namespace, if it has one."""
+        return _in_netns(self.controller_netns, list(cmd))
+
     def start(self, timeout: float = 60) -> None:
         munge = self.folder / "munge"
         munge.mkdir(mode=0o700)
@@ -113,13 +143,31 @@ class SlurmCluster:
                                f"--key-file={key}", f"--pid-file={munge / 'munged.pid'}",
                                f"--log-file={munge / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}"])
         self._wait(lambda: self.munge_socket.exists(), "munged", munge / "munged.log", timeout)
-        for name in ("ctld-state", "slurmd-spool"):
-            (self.folder / name).mkdir()
-        self.conf.write_text(slurm_conf(self.folder, self.cpus, free_port(), free_port(), self.munge_socket))
-        self._spawn("slurmctld", [SLURMCTLD, "-D", "-i", "-f", str(self.conf)])
+        (self.folder / "ctld-state").mkdir()
+        for node in self.nodes:
+            for name in ("spool", "tmp"):
+                (self.folder / f"{name}-{node.name}").mkdir(mode=0o1777 if name == "tmp" else 0o755)
+        self.conf.write_text(slurm_conf(self.folder, self.nodes, self.cpus, self.controller,
+                                        (free_port(), free_port()), self.munge_socket))
+        self._spawn("slurmctld", self.command(SLURMCTLD, "-D", "-i", "-f", str(self.conf)))
         self._wait(self._controller_answers, "slurmctld", self.folder / "slurmctld.log", timeout)
-        self._spawn("slurmd", [SLURMD, "-D", "-N", NODE, "-f", str(self.conf)])
-        self._wait(self._node_idle, "slurmd", self.folder / "slurmd.log", timeout)
+        for node in self.nodes:
+            self._spawn(f"slurmd-{node.name}", self._slurmd_command(node))
+        for node in self.nodes:
+            self._wait(lambda node=node: self.node_state(node.name) in ("idle", "mix", "alloc"),
+                       f"slurmd-{node.name}", self.folder / f"slurmd-{node.name}.log", timeout)
+
+    def _slurmd_command(self, node: SlurmNode) -> list[str]:
+        slurmd = [SLURMD, "-D", "-N", node.name, "-f", str(self.conf)]
+        if node.netns is None:
+            return slurmd
+        assert node.etc is not None
+        # nsenter -> unshare -> sh all exec in turn: the Popen pid is slurmd's. unshare's mount namespace is
+        # private, so these binds stay inside it (and the job steps slurmd forks).
+        script = ('mount --bind "$1/hosts" /etc/hosts && mount --bind "$1/ssh/ssh_config" /etc/ssh/ssh_config '
+                  '&& hostname "$2" && shift 2 && exec "$@"')
+        return _in_netns(node.netns, ["unshare", "--mount", "--uts", "sh", "-c", script, "sh", str(node.etc),
+                                      node.name, *slurmd])
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = (self.folder / f"{name}.out").open("w")
@@ -142,7 +190,7 @@ class SlurmCluster:
         return " | ".join(texts) or "(no output)"
 
     def client(self, *cmd: str, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run(list(cmd), env=self.env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(self.command(*cmd), env=self.env(), capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stdout}{proc.stderr}")
         return proc
@@ -150,9 +198,8 @@ class SlurmCluster:
     def _controller_answers(self) -> bool:
         return self.client("sinfo", "-h", check=False, timeout=10).returncode == 0
 
-    def _node_idle(self) -> bool:
-        state = self.client("sinfo", "-h", "-n", NODE, "-o", "%t", check=False, timeout=10).stdout.strip()
-        return state in ("idle", "mix", "alloc")
+    def node_state(self, name: str) -> str:
+        return self.client("sinfo", "-h", "-n", name, "-o", "%t", check=False, timeout=10).stdout.strip()
 
     def job_state(self, job_id: str) -> str:
         """PENDING, RUNNING, COMPLETED, CANCELLED, FAILED... ('' once the controller forgot the job)."""
@@ -171,7 +218,8 @@ class SlurmCluster:
     def stop(self) -> list[str]:
         """Kill what was started here, and any job step process left behind. Returns what was killed late."""
         leftovers: list[str] = []
-        for name in ("slurmd", "slurmctld", "munged"):   # slurmd first: it ends its steps on SIGTERM
+        slurmds = [name for name in self.daemons if name.startswith("slurmd")]
+        for name in (*slurmds, "slurmctld", "munged"):   # slurmd first: it ends its steps on SIGTERM
             proc = self.daemons.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue
@@ -189,6 +237,10 @@ class SlurmCluster:
 
 class SlurmStartError(Exception):
     """The cluster could not start here (tests skip with this one line)."""
+
+
+def _in_netns(netns: str | None, cmd: list[str]) -> list[str]:
+    return cmd if netns is None else ["nsenter", f"--net=/run/netns/{netns}", *cmd]
 
 
 def _kill_job_processes(conf: Path) -> list[str]:
@@ -223,11 +275,7 @@ def skip_reason() -> str | None:
 
 
 @contextmanager
-def running_slurm() -> Iterator[SlurmCluster]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    cluster = SlurmCluster()
+def _started(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     try:
         try:
             cluster.start()
@@ -236,3 +284,33 @@ def running_slurm() -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@contextmanager
+def running_slurm() -> Iterator[SlurmCluster]:
+    """One node on loopback."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with _started(SlurmCluster()) as cluster:
+        yield cluster
+
+
+@contextmanager
+def running_slurm_hosts(hosts: int = 2, sshd: bool = False) -> Iterator[tuple[SlurmCluster, NamespaceCluster]]:
+    """One node per namespace host (host1..hostN), slurmctld in the launcher namespace; with `sshd`, an sshd
+    per host too (NamespaceCluster.start_sshd() starts them later). Skips with one line where it cannot run."""
+    reason = skip_reason() or (None if shutil.which("nsenter") else "no nsenter on PATH (Debian: util-linux)")
+    if reason:
+        pytest.skip(reason)
+    with running_cluster(hosts=hosts, sshd=sshd) as namespaces:
+        for node in namespaces.workers:
+            # A job's ssh (horovodrun's) reaches the hosts' sshd the way a site's does: no -p/-i on its command line.
+            with (Path("/etc/netns") / node.namespace / "ssh" / "ssh_config").open("a") as config:
+                config.write(f"    Port {SSH_PORT}\n    IdentityFile {namespaces.key}\n")
+        nodes = [SlurmNode(node.role, node.address, node.namespace, Path("/etc/netns") / node.namespace)
+                 for node in namespaces.workers]
+        cluster = SlurmCluster(nodes, namespaces.launcher.address, namespaces.launcher.namespace,
+                               cpus=1)
+        with _started(cluster):
+            yield cluster, namespaces
