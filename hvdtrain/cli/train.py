@@ -19,12 +19,18 @@ def parser(commands: Commands | None = None) -> Parser:
 
 
 def main(args: list[str]) -> int:
+    import os
+
     from hvdtrain.errors import Stopped
+    from hvdtrain.launcher.slurm_gloo import join as join_slurm_gloo
     from hvdtrain.output.console import console
     from hvdtrain.train.signals import STOP
     from hvdtrain.train.trainer import fit
 
     config = _config(args)
+    joined = join_slurm_gloo()   # Horovod: srun's tasks with no MPI get Gloo's variables and rendezvous
+    if joined and os.environ.get("HOROVOD_RANK") == "0":
+        console.line(f"hvdtrain: {joined}")
     STOP.install()   # SIGINT, SIGTERM, SIGUSR1 (a scheduler's early warning): checkpoint and stop
     try:
         fit(config)  # Horovod shuts itself down at exit

@@ -92,6 +92,21 @@ def rendezvous_server(slots: Iterable[Mapping[str, Any]]) -> tuple[Any, int]:
     return server, port
 
 
+def rendezvous_server_at(port: int, slots: Iterable[Mapping[str, Any]]) -> Any:
+    """Horovod's Gloo rendezvous server on a port chosen by the caller (RendezvousServer.start() picks a random
+    one, which tasks that never talk to each other could not agree on), every interface, serving from a daemon
+    thread; initialised with these slots (SlotInfo fields). Returns the server (shutdown() stops it).
+    OSError when the port is taken."""
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    check_version()
+    server = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
+    server.init([SlotInfo(**slot) for slot in slots])
+    threading.Thread(target=server.serve_forever, name="hvdtrain-rendezvous", daemon=True).start()
+    return server
+
+
 def elastic_driver(find_slots: Callable[[], dict[str, int]], min_np: int, max_np: int, *, timeout: int,
                    cooldown_range: tuple[int, int]) -> tuple[Any, Any, int]:
     """Horovod's ElasticDriver over hosts `find_slots()` returns ({host: slots}), with its rendezvous server

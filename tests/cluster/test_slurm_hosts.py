@@ -147,6 +147,9 @@ def test_early_warning_on_two_nodes_then_requeue_resumes_by_itself_exactly(slurm
             if json.loads(line).get("kind") == "train"]
     # The pre-empted job is requeued (as PreemptMode=REQUEUE or a site's USR1 handler would): no user action after.
     cluster.client("scontrol", "requeue", job)
+    # Slurm holds a requeued job ~2 minutes before it may start again (its begin time); what a scheduler would
+    # do later anyway, done now, so the test does not wait.
+    cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now")
     state = cluster.wait_job(job, JOB_TIMEOUT)
     out = log.read_text()
     assert state == "COMPLETED", f"{state}\n{out[-4000:]}"
@@ -174,3 +177,26 @@ def test_sbatch_recipe_with_horovodrun_over_ssh_on_both_hosts(slurm2, tmp_path, 
     assert summary["workers"] == 2 and summary["steps"] == 46, summary
     print(f"2-node sbatch (horovodrun): {time.monotonic() - started:.0f} s")
     assert_same_weights(tmp_path / "hr", uninterrupted[2] / "ref")
+
+
+def test_srun_with_no_mpi_trains_over_gloo_on_both_hosts(slurm2, tmp_path, uninterrupted):
+    """`srun --mpi=none python -m hvdtrain`: no MPI, no horovodrun; hvdtrain sets Horovod's Gloo variables from
+    SLURM_* and rank 0 serves the rendezvous on the first node (hvdtrain/cluster/slurm_gloo.py)."""
+    cluster, _ = slurm2
+    (tmp_path / "where").mkdir()
+    started = time.monotonic()
+    proc = subprocess.run(
+        cluster.command("srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--mpi=none",
+                        "--kill-on-bad-exit=1", str(BIN / "python"), "-m", "hvdtrain", *JOB,
+                        "--run-dir", str(tmp_path), "--name", "gloo"),
+        cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT,
+        env=cluster.env(PYTHONPATH=f"{ROOT}:{PLUGINS}", PYTHONUNBUFFERED="1", FAULTS_SLEEP_S="0",
+                        WHERE_DIR=str(tmp_path / "where")))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"Gloo over srun: rank 0 of 2, rendezvous on host1 \(10\.77\.0\.11:\d+\)", out), out[-3000:]
+    assert re.search(r"2 worker\(s\) \(Gloo", out, re.IGNORECASE), out[-3000:]
+    assert_on_both_hosts(tmp_path / "where", cluster, out)
+    summary = json.loads((tmp_path / "gloo" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["steps"] == 46, summary
+    print(f"2-node srun --mpi=none (Gloo): {time.monotonic() - started:.0f} s")
