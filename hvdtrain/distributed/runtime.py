@@ -2,7 +2,7 @@
 
 Horovod's start, who we are, and how the ranks talk. The package is split by concern, as Horovod's own
 `horovod/torch` is: settings (what hvd.init reads), collectives, gradients (DistributedOptimizer),
-wait, wire (bfloat16 as float32), sync_bn, elastic_state.
+wait, wire (bfloat16 on the wire), sync_bn, elastic_state.
 """
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ except ImportError as _err:  # doctor explains; the trainer cannot run without i
 else:
     IMPORT_ERROR = None
 
+
+# The binding hvdtrain's bfloat16 patch adds; a Horovod built without it (an old cached wheel) lacks it.
+BF16_BINDING = "horovod_torch_allreduce_async_torch_BFloat16Tensor"
 
 # Who we are: the same record the rest of hvdtrain gets from environment.process, Horovod's answer.
 World = process.Process
@@ -58,6 +61,11 @@ def init(settings: dict[str, str] | None = None) -> World:
 def world() -> World:
     """Who we are now (it changes after an elastic reset)."""
     return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), "horovod")
+
+
+def native_bf16() -> bool:
+    """Whether this Horovod has a bfloat16 data type (hvdtrain's patched build, scripts/horovod_bf16.py)."""
+    return hvd is not None and hasattr(hvd.mpi_ops.mpi_lib, BF16_BINDING)
 
 
 def backend_name() -> str:

@@ -1,9 +1,11 @@
-"""bfloat16 on Horovod's wire: Horovod 0.28.1 has no bfloat16 op, so bf16 tensors travel as float32.
+"""bfloat16 on Horovod's wire: as bfloat16 with hvdtrain's patched Horovod, else as float32.
 
-Horovod refuses a bf16 tensor ("Tensor type torch.BFloat16Tensor is not supported."). Every bf16 tensor that
-hvdtrain hands to a collective is upcast to float32, sent, and cast back into the original tensor: exact for
-broadcasts (bf16 -> fp32 -> bf16 round-trips), and an average rounded once to bf16 for allreduces. The cost
-is twice the bf16 bytes on the wire and a float32 copy of what is sent. Other dtypes pass through unchanged.
+hvdtrain's build of Horovod (scripts/horovod_bf16.py) has a bfloat16 data type: bf16 tensors go to the
+collectives as they are, and `--compression bf16` sends float gradients as bf16 (Bf16Compressor). Horovod
+0.28.1 as released refuses a bf16 tensor ("Tensor type torch.BFloat16Tensor is not supported."); with such a
+build (an old cached wheel) every bf16 tensor hvdtrain hands to a collective is upcast to float32, sent, and
+cast back into the original tensor: exact for broadcasts (bf16 -> fp32 -> bf16 round-trips), an average
+rounded once to bf16 for allreduces, at twice the bf16 bytes on the wire. Other dtypes pass through unchanged.
 """
 from __future__ import annotations
 
@@ -12,15 +14,15 @@ from typing import Any
 
 import torch
 
-from hvdtrain.distributed.runtime import hvd
+from hvdtrain.distributed.runtime import hvd, native_bf16
 
 NARROW = torch.bfloat16     # what Horovod 0.28.1 cannot carry
 WIDE = torch.float32        # what it travels as
 
 
 def widen(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor Horovod is given: a float32 copy of a bf16 tensor, any other tensor itself."""
-    return tensor.to(WIDE) if tensor.dtype == NARROW else tensor
+    """The tensor Horovod is given: a bf16 tensor as float32 where Horovod lacks bf16, else the tensor itself."""
+    return tensor.to(WIDE) if tensor.dtype == NARROW and not native_bf16() else tensor
 
 
 class Bf16AsFp32:
@@ -39,6 +41,25 @@ class Bf16AsFp32:
         return tensor if ctx is None else tensor.to(ctx)
 
 
+class Bf16Compressor(Bf16AsFp32):
+    """`--compression bf16`: float gradients are allreduced as bfloat16 and cast back to their own dtype.
+
+    Half of fp32's bytes with fp32's exponent range (fp16 overflows above 65504); the sum is rounded to bf16's
+    8-bit mantissa. Needs Horovod's bfloat16 (hvdtrain's patched build). Non-float tensors pass through.
+    """
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype | None]:
+        if tensor.dtype.is_floating_point and tensor.dtype != NARROW:
+            return tensor.to(NARROW), tensor.dtype
+        return tensor, None
+
+
+def no_compression() -> Any:
+    """What DistributedOptimizer gets for `--compression none`: Horovod's own, or bf16 through float32."""
+    return hvd.Compression.none if native_bf16() else Bf16AsFp32
+
+
 def broadcast_parameters(state: Mapping[str, torch.Tensor]) -> None:
     """hvd.broadcast_parameters(state, root_rank=0), bf16 entries through float32; in place, as Horovod's."""
     wide = {key: widen(value) for key, value in state.items()}
@@ -52,7 +73,7 @@ def broadcast_parameters(state: Mapping[str, torch.Tensor]) -> None:
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """hvd.broadcast_optimizer_state(optimizer, root_rank=0), bf16 state (e.g. momentum of bf16 weights)
     through float32. Without bf16 parameters this is Horovod's call alone."""
-    if not any(p.dtype == NARROW for group in optimizer.param_groups for p in group["params"]):
+    if native_bf16() or not any(p.dtype == NARROW for group in optimizer.param_groups for p in group["params"]):
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return
     _init_state(optimizer)  # Horovod would do it inside its call: the state must exist before it is swapped
