@@ -108,6 +108,13 @@ def uninterrupted(slurm2, tmp_path_factory):
     return state, out, folder, seconds, no_sshd
 
 
+def test_srun_lists_pmix(slurm2):
+    """What docs/slurm.md tells a user to check before the default (srun --mpi=pmix) path."""
+    proc = slurm2[0].client("srun", "--mpi=list")
+    out = proc.stdout + proc.stderr
+    assert "pmix" in out, out
+
+
 def test_sbatch_recipe_trains_on_both_hosts_with_srun_and_no_sshd(slurm2, uninterrupted):
     state, out, folder, seconds, no_sshd = uninterrupted
     assert state == "COMPLETED", out[-3000:]
