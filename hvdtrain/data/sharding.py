@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from hvdtrain.data.shard_source import Resplits
 from hvdtrain.errors import UserError
 
 
@@ -21,6 +22,7 @@ class ShardSampler(Sampler[int]):
     """Per-epoch shuffle (seed + epoch, the same on every rank), strided shards padded to equal length.
 
     With start=0 it yields exactly what torch's DistributedSampler(shuffle=True, drop_last=False) does.
+    A ShardSource (data/shard_source.py).
     """
 
     def __init__(self, num_samples: int, rank: int, size: int, seed: int, shuffle: bool = True,
@@ -35,12 +37,19 @@ class ShardSampler(Sampler[int]):
         self.start = 0
         self.rank, self.size = rank, size
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Begin `epoch`, skipping the first `start` samples of its order (already processed)."""
+    def set_epoch(self, epoch: int, start: int = 0, resplits: Resplits | None = None) -> None:
+        """Begin `epoch`, skipping the first `start` samples of its order (already processed). The strided
+        order needs no `resplits`: after any number of workers the processed samples are a prefix of it."""
         self.epoch, self.start = epoch, start
 
     def reshard(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
+
+    def resplit(self, resplits: Resplits, position: int, written_by: int) -> Resplits:
+        return resplits   # the rest of the order is strided anew over any number of workers
+
+    def shard_len(self) -> int:
+        return len(self)
 
     def epoch_samples(self) -> int:
         """Samples in an epoch's order: all of them, or fewer with drop_last."""

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from hvdtrain.data.shard_source import ShardSource
 from hvdtrain.data.stream_layout import length, rank_part, take
 from hvdtrain.data.tabular import feature_names, features_of, targets_of
 from hvdtrain.errors import UserError, first_line
@@ -100,8 +101,11 @@ class ParquetStream(IterableDataset):
     def __len__(self) -> int:
         return self.total
 
-    def set_shard(self, rank: int, size: int) -> None:
+    def reshard(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
+
+    def epoch_samples(self) -> int:
+        return self.total
 
     def set_epoch(self, epoch: int, start: int = 0, resplits: list[tuple[int, int]] | None = None) -> None:
         """Begin `epoch` after `start` samples processed by all ranks together (0 = from its beginning);
@@ -241,20 +245,21 @@ class _GroupReader:
         return self.cached
 
 
-def is_stream(train_data: Any, *, elastic: bool) -> bool:
-    """True for a stream the trainer can shard (ParquetStream or the same protocol); a UserError for one
-    it cannot, or for a stream in an elastic run."""
+def stream_source(train_data: Any, *, elastic: bool) -> ShardSource | None:
+    """The stream itself, for a stream the trainer can shard (it is a ShardSource: ParquetStream, Stream, or
+    your own); None for a map-style dataset; a UserError for a stream it cannot shard, or in an elastic run."""
     if not isinstance(train_data, IterableDataset):
-        return False
-    if not all(hasattr(train_data, a) for a in ("set_shard", "set_epoch", "shard_len")):
-        raise UserError(f"train_data is an IterableDataset ({type(train_data).__name__}) without set_shard/"
-                        "set_epoch/shard_len, so its samples cannot be split across workers exactly; wrap it as "
+        return None
+    if not isinstance(train_data, ShardSource):
+        raise UserError(f"train_data is an IterableDataset ({type(train_data).__name__}) without reshard/"
+                        "epoch_samples/set_epoch/shard_len/resplit, so its samples cannot be split across workers "
+                        "exactly; wrap it as "
                         "hvdtrain.data.streams.Stream(dataset, samples=N) (N samples per epoch), or use a "
                         "map-style Dataset or hvdtrain.data.streaming.ParquetStream")
     if elastic:
         raise UserError("elastic training needs a map-style dataset (a stream cannot be re-split across a "
                         "changing number of workers); drop --elastic or load the data in memory")
-    return True
+    return train_data
 
 
 def parquet_shards(pattern: str, features: str, label: str, val_fraction: float, batch_size: int,

@@ -3,7 +3,7 @@ the Trainer, with every rank taking the same number of steps.
 
 A stream has no length the trainer can divide, and a rank that runs out of data before the others
 leaves them waiting in an allreduce for ever (the end-of-epoch hang). `Stream` gives it the trainer's
-protocol (set_shard, set_epoch, shard_len): each rank takes exactly ceil(samples / size) items per
+ShardSource protocol (data/shard_source.py): each rank takes exactly ceil(samples / size) items per
 epoch, wrapping around its own part if that part is short (as DistributedSampler pads), and stops
 there if it is long. Which items are a rank's part: Hugging Face's `split_dataset_by_node` with
 Horovod's rank and size for its IterableDataset; the library's own node splitter for webdataset and
@@ -18,6 +18,8 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from hvdtrain.data.shard_source import Resplits
+from hvdtrain.data.streaming import check_resume
 from hvdtrain.errors import UserError
 
 Split = Callable[[Any, int, int], Any]
@@ -57,11 +59,19 @@ class Stream(IterableDataset):
     def __len__(self) -> int:
         return self.samples
 
-    def set_shard(self, rank: int, size: int) -> None:
+    def reshard(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Begin `epoch`, `start` samples (over all ranks) into it: each rank skips start / size of its own."""
+    def epoch_samples(self) -> int:
+        return self.samples
+
+    def resplit(self, resplits: Resplits, position: int, written_by: int) -> Resplits:
+        check_resume(position, written_by, self.size)   # another library's stream cannot re-split its blocks
+        return resplits
+
+    def set_epoch(self, epoch: int, start: int = 0, resplits: Resplits | None = None) -> None:
+        """Begin `epoch`, `start` samples (over all ranks) into it: each rank skips start / size of its own.
+        `resplits` is always empty here (`resplit` refuses what would need them)."""
         if start % self.size:
             raise UserError(f"cannot resume a stream {start} samples into an epoch on {self.size} workers (not a "
                             "multiple of the workers: the checkpoint was written by another number of workers); "

@@ -15,14 +15,13 @@ import os
 import re
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from hvdtrain.errors import UserError
 from hvdtrain.output.console import console
 
 LOCK = ".hvdtrain.lock"
-# folder -> (the open, locked file, the folders this claim made, deepest first); one training per process at a time
-_held: dict[str, tuple[int, tuple[Path, ...]]] = {}
 HANDOVER_POLL_S = 0.2   # a new rank 0 waiting for its job's old rank 0 to let go: the gap another run could use
 _JOB = re.compile(r"\bjob ([0-9A-Za-z_-]+)")
 
@@ -51,7 +50,31 @@ def _make(path: Path) -> tuple[Path, ...]:
     return missing
 
 
-def claim(folder: str | Path, *, fresh: bool, job: str = "") -> int:
+@dataclass
+class Claim:
+    """A run folder this process holds: the open, locked file, and the folders the claim made (deepest first),
+    so that a run which wrote nothing leaves none behind. `release()` once the run is over (twice is harmless)."""
+
+    path: Path
+    fd: int
+    made: tuple[Path, ...] = ()
+
+    def release(self) -> None:
+        if self.fd < 0:
+            return
+        lock = self.path / LOCK
+        if _same_file(self.fd, lock):
+            lock.unlink(missing_ok=True)  # before unlocking: a waiter then sees the file gone and retries
+        os.close(self.fd)
+        self.fd = -1
+        for created in self.made:  # a run refused before it wrote anything leaves no empty folder (nor runs/)
+            try:
+                created.rmdir()
+            except OSError:
+                break             # it holds the run's files (or another run's)
+
+
+def claim(folder: str | Path, *, fresh: bool, job: str = "") -> Claim:
     """Lock `folder` for this process, or raise a one-line UserError naming the run that holds it.
 
     Args:
@@ -59,12 +82,9 @@ def claim(folder: str | Path, *, fresh: bool, job: str = "") -> int:
             False for a resume, which continues the run found there.
         job: this run's id, written in the lock file, by which a later rank 0 of an elastic job knows it.
     Returns:
-        The lock's token, for `release`.
+        The held lock; its `release()` gives the folder back.
     """
     path = Path(folder)
-    earlier = _held.get(str(path))
-    if earlier:
-        release(path, earlier[0])  # this process's earlier run there (fit twice in a notebook) is over
     try:
         made = _make(path)
     except FileExistsError:
@@ -77,8 +97,10 @@ def claim(folder: str | Path, *, fresh: bool, job: str = "") -> int:
         except BlockingIOError:
             owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise UserError(f"run directory {path} is in use by another run ({owner}); pass a new --name, "
-                            "or wait for that run to end") from None
+            mine = f"pid {os.getpid()} on {socket.gethostname()}" in owner
+            raise UserError(f"run directory {path} is in use by another run ({owner}); " + (
+                "close() the earlier Trainer of this process (or use `with Trainer(...)`), or pass a new --name"
+                if mine else "pass a new --name, or wait for that run to end")) from None
         # The owner unlinks the file as it releases: a lock on an unlinked file claims nothing, so retry.
         if _same_file(fd, lock):
             break
@@ -94,8 +116,7 @@ def claim(folder: str | Path, *, fresh: bool, job: str = "") -> int:
     if left:
         console.line(f"hvdtrain: note: {path} was locked by a run that is gone ({left}); taking it over")
     _write_owner(fd, job)
-    _held[str(path)] = (fd, made)
-    return fd
+    return Claim(path, fd, made)
 
 
 def _write_owner(fd: int, job: str) -> None:
@@ -103,7 +124,7 @@ def _write_owner(fd: int, job: str) -> None:
     os.pwrite(fd, owner_line(job).encode(), 0)
 
 
-def claim_new(parent: str | Path, stem: str, job: str = "") -> tuple[Path, int]:
+def claim_new(parent: str | Path, stem: str, job: str = "") -> Claim:
     """A new folder PARENT/STEM (or STEM-2, STEM-3...), created here so no other run gets the same name."""
     suffix = 1
     while True:
@@ -113,27 +134,9 @@ def claim_new(parent: str | Path, stem: str, job: str = "") -> tuple[Path, int]:
         except FileExistsError:
             suffix += 1  # two runs in the same second, e.g. fit twice in a notebook
             continue
-        token = claim(path, fresh=True, job=job)
-        _held[str(path)] = (token, made)
-        return path, token
-
-
-def release(folder: str | Path, token: int | None) -> None:
-    """Remove the lock `token` on `folder` if this process still holds it (called when the run's Trainer
-    goes; a later run of this process that took the folder over keeps its own)."""
-    held = _held.get(str(Path(folder)))
-    if token is None or held is None or held[0] != token:
-        return
-    fd, made = _held.pop(str(Path(folder)))
-    lock = Path(folder) / LOCK
-    if _same_file(fd, lock):
-        lock.unlink(missing_ok=True)  # before unlocking: a waiter then sees the file gone and retries
-    os.close(fd)
-    for created in made:      # a run refused before it wrote anything leaves no empty folder (nor runs/)
-        try:
-            created.rmdir()
-        except OSError:
-            break             # it holds the run's files (or another run's)
+        held = claim(path, fresh=True, job=job)
+        held.made = made
+        return held
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -146,26 +149,27 @@ def _same_file(fd: int, path: Path) -> bool:
 class Handover:
     """The lock of an elastic job's run folder, for the process that is rank 0 now (see the module's doc).
 
-    `take()` once, on the new rank 0: when the lock is free and names this job (its holder gone), it is this
+    `take()` once, on a new rank 0 that holds no claim of its own (output/run_directory.py decides): when
+    the lock is free and names this job (its holder gone), it is this
     process's at once; when a live process of this job still holds it (the old rank 0, lost but not yet ended,
     or still in the job under another rank), a thread takes it the moment it is let go. A lock that names
     another job, held or left, raises a one-line UserError: another run has used the folder meanwhile.
 
     Example:
-        >>> hand = Handover(run_path, plan["job"])   # doctest: +SKIP
+        >>> hand = Handover(run_path, verdict.job)   # doctest: +SKIP
         >>> hand.take(); ...; hand.release()           # doctest: +SKIP
     """
 
     def __init__(self, folder: str | Path, job: str) -> None:
         self.path, self.job = Path(folder), job
-        self.token: int | None = None
+        self.token: Claim | None = None
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
         self.lost_to: str | None = None   # set when another run took the folder while this job waited for it
 
     def take(self) -> None:
-        if str(self.path) in _held or self.token is not None:
-            return   # this process holds it already (the job's first rank 0, still rank 0)
+        if self.token is not None:
+            return
         if not self._try():
             self.thread = threading.Thread(target=self._wait, name="hvdtrain-run-dir-handover", daemon=True)
             self.thread.start()
@@ -195,8 +199,7 @@ class Handover:
             raise UserError(f"run directory {self.path} was used by another run ({owner}) while this elastic "
                             "job's rank 0 changed; the job stops rather than mix the two runs' files")
         _write_owner(fd, self.job)
-        _held[str(self.path)] = (fd, ())
-        self.token = fd
+        self.token = Claim(self.path, fd)
         console.line(f"hvdtrain: note: rank 0 moved to this process (pid {os.getpid()} on {socket.gethostname()}); "
                      f"it holds {self.path} for the job now")
         return True
@@ -216,5 +219,5 @@ class Handover:
         if self.thread is not None:
             self.thread.join(timeout=5)
         if self.token is not None:
-            release(self.path, self.token)
+            self.token.release()
             self.token = None

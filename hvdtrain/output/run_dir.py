@@ -1,8 +1,8 @@
-"""Rank 0's files: the run directory, its config, metrics (JSON Lines), summary, weights, plot."""
+"""Rank 0's files in the run directory (output/run_directory.py claims it): its config, metrics (JSON Lines),
+summary, weights, plot."""
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import time
 from pathlib import Path
@@ -12,61 +12,10 @@ import torch
 from torch import nn
 
 from hvdtrain.config.train_config import TrainConfig, to_yaml
-from hvdtrain.errors import UserError
-from hvdtrain.output.claim import claim, claim_new, release
 from hvdtrain.output.console import console
 from hvdtrain.output.files import atomic_write, write_text
 from hvdtrain.output.plain_weights import plain, plain_state_dict
 from hvdtrain.tracking import Tracker, start, system
-
-# The folder `claim_early` took for a run whose data is still loading, for its Trainer to take over.
-_early: list[tuple[tuple[str, str, str], dict[str, Any]]] = []
-
-
-def _names(config: TrainConfig) -> tuple[str, str, str]:
-    return config.run_dir, config.name, config.resume
-
-
-def claim_early(config: TrainConfig) -> dict[str, Any]:
-    """plan_run_dir before the data loads (hvdtrain.fit): a refused run is told in one line without first
-    loading a dataset that may take minutes. The Trainer built next for this run takes the claim over."""
-    plan = _claim(config)
-    _early[:] = [(_names(config), plan)]
-    return plan
-
-
-def drop_early() -> None:
-    """Give back a claim_early folder no Trainer took over (the data or model failed to build): a run that
-    stopped before writing anything leaves no folder behind."""
-    if _early:
-        _, plan = _early.pop()
-        if plan["claim"] is not None:
-            release(plan["path"], plan["claim"])
-
-
-def plan_run_dir(config: TrainConfig) -> dict[str, Any]:
-    """Claim runs/<name> for this run (see output/claim.py); refuse a folder another run holds or uses.
-    run_dir '' writes nothing. The error, if any, is returned for rank 0 to share with every rank."""
-    if _early and _early[0][0] == _names(config):
-        return _early.pop()[1]
-    drop_early()        # claimed for another run's fit()
-    return _claim(config)
-
-
-def _claim(config: TrainConfig) -> dict[str, Any]:
-    if not config.run_dir:
-        return {"path": None, "error": None, "claim": None, "job": ""}
-    job = secrets.token_hex(8)   # in the lock file: an elastic job's later rank 0 knows its own job's lock by it
-    try:
-        if config.name:
-            path = Path(config.run_dir) / config.name
-            token = claim(path, fresh=not config.resume, job=job)
-        else:
-            stem = f"{config.model}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-            path, token = claim_new(config.run_dir, stem.replace(":", "_").replace("/", "_"), job=job)
-    except UserError as err:
-        return {"path": None, "error": str(err), "claim": None, "job": ""}
-    return {"path": str(path), "error": None, "claim": token, "job": job}
 
 
 class RunLog:
@@ -108,13 +57,19 @@ class RunLog:
             write_pretrained(self.path / "hf", plain(model))
         write_text(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.metrics(summary)
-        if self.tensorboard:
-            self.tensorboard.close()
         history.plot(self.path / "curves.png")
-        if self.system:
-            self.system.stop()
+        self.close()
         if self.tracker:
             self.tracker.finish(self.path)
+
+    def close(self) -> None:
+        """Stop the system sampler and close the TensorBoard file (done by finish; again, harmless)."""
+        if self.tensorboard:
+            self.tensorboard.close()
+            self.tensorboard = None
+        if self.system:
+            self.system.stop()
+            self.system = None
 
 
 def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +18,8 @@ import torch
 
 from hvdtrain.distributed import collectives, elastic_state, runtime
 from hvdtrain.errors import UserError
-from hvdtrain.output.claim import Handover
 from hvdtrain.output.console import console
+from hvdtrain.output.run_directory import RunDirectory, Verdict
 from hvdtrain.train import checkpoint
 from hvdtrain.train.progress import Progress
 
@@ -43,8 +42,8 @@ class Loop(Protocol):
     def train_until(self, p: Progress, end_epoch: int) -> None:
         """Train from wherever `p` stands; calls `commit` along the way."""
 
-    def start_run(self, plan: dict[str, Any], found: dict[str, Any] | None, p: Progress, end_epoch: int) -> None:
-        """Adopt rank 0's run-directory verdict and resumed checkpoint (raises their UserError)."""
+    def start_run(self, found: dict[str, Any] | None, p: Progress, end_epoch: int) -> None:
+        """Adopt rank 0's resumed checkpoint (raises its UserError)."""
 
     def resize(self, world: runtime.World) -> None:
         """Re-shard the data and rescale the LR for a new set of workers."""
@@ -60,13 +59,14 @@ class Loop(Protocol):
 class ElasticRun:
     """Args:
         loop: the training loop to run elastically.
+        run_dir: the run directory, whose verdict each (re)start adopts and whose lock follows rank 0.
         model, optimizer: what Horovod's state saves on commit and restores after a failure.
-        start: {"plan": rank 0's run-dir verdict (None elsewhere), "resume": what rank 0 read (or None)}.
+        start: {"plan": rank 0's run-dir Verdict (None elsewhere), "resume": what rank 0 read (or None)}.
     """
 
-    def __init__(self, loop: Loop, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    def __init__(self, loop: Loop, run_dir: RunDirectory, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  start: dict[str, Any]) -> None:
-        self.loop = loop
+        self.loop, self.run_dir = loop, run_dir
         self.model, self.optimizer = model, optimizer
         self.start = start
         self.rank = 0                       # for messages while the world re-forms (Horovod is down then)
@@ -74,7 +74,6 @@ class ElasticRun:
         self._own_stats: Any = None
         self._final: Progress | None = None
         self._claim: Path | None = None     # this rank saves the last commit while waiting (see below)
-        self._handover: Handover | None = None   # the run folder's lock, once this process has been rank 0
         self.size = 0                       # workers at the last (re)start, to tell when some were lost
         # The timers' callbacks act only while the world is re-forming, and training waits for one that runs.
         self._reset_lock = threading.Lock()
@@ -108,11 +107,12 @@ class ElasticRun:
         plan, found = state.start["plan"], state.start["resume"]
         # Metric sums are per rank: a survivor keeps its own, a worker that just joined starts from zero.
         self._note_world()
+        # On every rank at once (the verdict came by the sync); rank 0 may be another process than at the start.
+        self.run_dir.adopt(plan or Verdict(), is_root=runtime.world().is_root)
         self._hold_run_dir(plan)
         p.stats = self._own_stats if self._own_stats is not None else self.loop.zero_stats()
         self._own_stats = None
-        # On every rank at once (the verdict came by the sync); rank 0 may be another process than at the start.
-        self.loop.start_run(plan, found, p, end_epoch)
+        self.loop.start_run(found, p, end_epoch)
         if found is not None:
             state.start = {"plan": plan, "resume": None}  # once: a worker joining later takes the synced state
         # Horovod commits only in commit(): without this, a failure before the first commit would restore
@@ -120,22 +120,13 @@ class ElasticRun:
         state.progress = p.copy()
         state.save()
 
-    def _hold_run_dir(self, plan: dict[str, Any] | None) -> None:
+    def _hold_run_dir(self, plan: Verdict | None) -> None:
         """The run folder stays locked while the job runs, whichever process is rank 0 now (output/claim.py):
         the first rank 0 claimed it; a later one takes the lock over from it (this job's, by the id in the
         file) once it lets go. A folder another run has taken meanwhile stops the job on every rank."""
-        if not plan or not plan["path"] or not plan.get("job"):
+        if not plan or not plan.path or not plan.job:
             return   # the same on every rank (the plan came with the sync): all make the broadcast, or none
-        refused = None
-        if runtime.world().is_root and self._handover is None:
-            handover = Handover(plan["path"], plan["job"])
-            try:
-                handover.take()
-            except UserError as err:
-                refused = str(err)
-            else:
-                self._handover = handover
-                weakref.finalize(self, handover.release)   # held while the run's Trainer lives
+        refused = self.run_dir.hold(runtime.world().is_root)   # held until the Trainer's close()
         # Horovod: one small broadcast per (re)start, so that every rank stops together on a refusal.
         refused = collectives.broadcast_object(refused, name="hvdtrain.run_dir_handover")
         if refused:
@@ -190,7 +181,7 @@ class ElasticRun:
         the claim is a file beside the checkpoints, which every rank reaches (the run directory is shared).
         """
         plan = self.state.start["plan"]     # rank 0's, since the first sync
-        run_path = plan["path"] if plan else None
+        run_path = plan.path if plan else None
         if not run_path:
             return
         p = self.state.progress     # the committed copy: the restored weights match it

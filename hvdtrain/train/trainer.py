@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-import weakref
 from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -15,20 +15,19 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.data.fingerprint import fingerprint
 from hvdtrain.data.loader import build_loader
+from hvdtrain.data.shard_source import ShardSource
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
-from hvdtrain.data.streaming import check_resume, is_stream
+from hvdtrain.data.streaming import stream_source
 from hvdtrain.data.user_loader import prepare, unwrap
 from hvdtrain.distributed import collectives, driver_heartbeat, gradients, peer_watch, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.models.compiled import compile_model
 from hvdtrain.models.pipeline import place
-from hvdtrain.output.claim import release
 from hvdtrain.output.console import banner_lines, console
 from hvdtrain.output.history import History
 from hvdtrain.output.plain_weights import plain_state_dict
-from hvdtrain.output.run_dir import RunLog, claim_early, drop_early, plan_run_dir
-from hvdtrain.tracking import system
+from hvdtrain.output.run_directory import RunDirectory, RunDirSettings
 from hvdtrain.train import checkpoint
 from hvdtrain.train.batch import to_device
 from hvdtrain.train.device import pick_device, threads_per_worker
@@ -71,10 +70,12 @@ class Trainer:
         config: a TrainConfig (batch size, epochs, LR policy, run directory...); default TrainConfig().
         collate_fn: turns a list of samples into a batch (e.g. padding), for a Dataset; default torch's
             (or `config.collate_fn`, or the DataLoader's own).
+        run_directory: the run folder already decided on rank 0 (hvdtrain.fit claims it before the data
+            loads); default: decided here. `close()` (or `with Trainer(...)`) gives it back.
     Example:
-        >>> trainer = hvdtrain.Trainer(my_model, train_ds, val_ds, config=hvdtrain.load_config(epochs=5))
-        >>> history = trainer.fit()
-        >>> trainer.evaluate()["val_acc"], trainer.predict(val_ds).shape
+        >>> with hvdtrain.Trainer(my_model, train_ds, val_ds, config=hvdtrain.load_config(epochs=5)) as trainer:
+        ...     history = trainer.fit()
+        ...     trainer.evaluate()["val_acc"], trainer.predict(val_ds).shape
     """
 
     resumed = False     # from a checkpoint: its epoch records may repeat some already in metrics.jsonl
@@ -82,7 +83,8 @@ class Trainer:
     def __init__(self, model: nn.Module, train_data: Any, val_data: Any = None, *,
                  optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
                  step_fn: StepFn | None = None, metrics: Sequence[str | Metric] | None = None,
-                 config: TrainConfig | None = None, collate_fn: Collate | None = None) -> None:
+                 config: TrainConfig | None = None, collate_fn: Collate | None = None,
+                 run_directory: RunDirectory | None = None) -> None:
         config = config or TrainConfig()
         data = prepare(train_data, val_data, collate_fn, config.collate_fn, config.batch_size)
         train_data, val_data, self.loading = data.train, data.val, data.settings
@@ -96,7 +98,7 @@ class Trainer:
         # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.
         self.device = pick_device(config.device, world.local_rank, local_size=world.local_size, stages=config.stages)
         check_precision(config.precision, self.device)
-        self.streaming = is_stream(train_data, elastic=config.elastic)
+        stream = stream_source(train_data, elastic=config.elastic)
         check_fits(len(train_data), world.size)
         if config.monitor and val_data is None:
             raise UserError(f"monitor {config.monitor} needs held-out data (val_data); drop --monitor")
@@ -118,11 +120,6 @@ class Trainer:
         self.progress = Progress(stats=self.metrics.zeros())
         # One-worker LRs as the user built them; a resumed optimizer state carries the scheduled ones.
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]
-        # Rank 0 decides the run directory and reads any checkpoint; every rank learns the verdict,
-        # so none waits alone, and nothing is written before all input checks passed.
-        plan = plan_run_dir(config) if world.is_root else None
-        if plan and plan["claim"] is not None:  # the folder stays this run's while its Trainer lives
-            weakref.finalize(self, release, plan["path"], plan["claim"])
         # Horovod's wrapper is a new optimizer object: state is loaded into it, not into the original.
         self.optimizer: Any = gradients.wrap_optimizer(
             optimizer, self.model, accumulate=config.accumulate, compression=config.compression, op=config.op,
@@ -131,15 +128,14 @@ class Trainer:
         # The loss decides, not a pass over every gradient (that pass cost ~5% of an MLP step; see
         # benchmarks/README.md). fp16 keeps the gradient check: an overflow there leaves the loss finite.
         self.check_loss = bool(config.nonfinite_limit) and not self.steps_in_backward and self.scaler is None
-        self.run_path: str | None = None
-        self.log: RunLog | None = None
         self.announced = False          # the banner is shown once per process (elastic restarts call again)
         self.world = world
         loading = self.loading
-        self.sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed,
-                                    shuffle=loading.shuffle if loading else True,
-                                    drop_last_batch=config.batch_size if loading and loading.drop_last else 0)
-        self.loader = build_loader(train_data, None if self.streaming else self.sampler, config, world.rank,
+        # What this rank reads: a stream shards itself; a map-style dataset is read through a ShardSampler.
+        self.source: ShardSource = stream or ShardSampler(
+            len(train_data), world.rank, world.size, seed=config.seed, shuffle=loading.shuffle if loading else True,
+            drop_last_batch=config.batch_size if loading and loading.drop_last else 0)
+        self.loader = build_loader(train_data, None if stream else self.source, config, world.rank,
                                    self.device, loading)
         self.loader_rng_at_epoch = self.loader.generator.get_state()
         self.resize(world)
@@ -147,28 +143,37 @@ class Trainer:
         self.after_epoch: AfterEpoch | None = None
         self.samples_this_fit = 0       # trained by all ranks in the current fit() call (its samples/s)
         self.elastic: ElasticRun | None = None
-        self.host_sampler: system.SystemSampler | None = None  # another host's CPU/memory, for rank 0's tracker
-        self.gather_system = False      # elastic runs change hosts mid-run: rank 0's host alone is sampled
+        self.run = run_directory or RunDirectory(RunDirSettings.of(config))
+        # The config it writes is this one (a user's DataLoader may have set the batch size).
+        self.run.settings = dataclasses.replace(self.run.settings, record=config)
+        try:
+            self._open_run()
+        except BaseException:
+            if run_directory is None:   # a caller's run directory is the caller's to close
+                self.run.close()
+            raise
+
+    def _open_run(self) -> None:
+        """Rank 0 decides the run directory and reads any checkpoint; every rank learns the verdict,
+        so none waits alone, and nothing is written before all input checks passed."""
+        config, world = self.config, self.world
+        verdict = self.run.decide() if world.is_root else None
         if config.elastic:
             # Horovod elastic: no collective call here (a joining worker makes none before the first sync).
-            start: dict[str, Any] = {"plan": plan, "resume": None}
-            if plan is not None and config.resume and not plan["error"]:  # rank 0: weights now, progress later
-                start["resume"] = read_on_root(config, plan["path"], self.model, self.optimizer,
+            start: dict[str, Any] = {"plan": verdict, "resume": None}
+            if verdict is not None and config.resume and not verdict.error:  # rank 0: weights now, progress later
+                start["resume"] = read_on_root(config, verdict.path, self.model, self.optimizer,
                                                self.data_fingerprint)
-            self.elastic = ElasticRun(self, self.model, self.optimizer, start)
+            self.elastic = ElasticRun(self, self.run, self.model, self.optimizer, start)
         else:
-            if plan is not None:  # rank 0's tracker decides whether the other hosts sample for it
-                plan["system_hosts"] = bool(plan["path"]) and system.gathered(config.tracking)
-            plan = collectives.broadcast_object(plan, name="run_dir_plan")
-            self.gather_system = bool(plan.get("system_hosts"))
-            if self.gather_system and not world.is_root:   # rank 0's own host is sampled by its tracker
-                self.host_sampler = system.start()            # None unless this is its host's local rank 0
+            # Horovod: rank 0's verdict for all (a refusal raises on every rank alike).
+            self.run.adopt(collectives.broadcast_object(verdict, name="run_dir_plan"), is_root=world.is_root)
             found = None
-            if config.resume and not plan["error"]:
-                found = (read_on_root(config, plan["path"], self.model, self.optimizer, self.data_fingerprint)
+            if config.resume:
+                found = (read_on_root(config, self.run.path, self.model, self.optimizer, self.data_fingerprint)
                          if world.is_root else None)
                 found = collectives.broadcast_object(found, name="resume")
-            self.start_run(plan, found, self.progress)
+            self.start_run(found, self.progress)
             collectives.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
 
     def _check_first_batch(self, batch: Any, metrics: Sequence[str | Metric] | None) -> MetricSet:
@@ -257,7 +262,7 @@ class Trainer:
         warmup_steps = round(config.warmup_epochs * self.steps_per_epoch)
         # Horovod: every rank shuffles alike (seed + epoch) and resumes at the same global position.
         self._start_epoch(p)
-        shard_len = self._shard_len()
+        shard_len = self.source.shard_len()
         batches = -(-shard_len // config.batch_size)
         steps = seen = 0
         lr_factor = 1.0
@@ -308,16 +313,7 @@ class Trainer:
 
     def _start_epoch(self, p: Progress) -> None:
         self.loader_rng_at_epoch = self.loader.generator.get_state()   # before iter() draws the epoch's seed
-        if self.streaming:
-            if p.resplits:      # resumed mid-epoch on another number of workers (only a ParquetStream can)
-                self.train_data.set_epoch(p.epoch, start=p.position, resplits=p.resplits)
-            else:
-                self.train_data.set_epoch(p.epoch, start=p.position)
-        else:
-            self.sampler.set_epoch(p.epoch, start=p.position)
-
-    def _shard_len(self) -> int:
-        return self.train_data.shard_len() if self.streaming else len(self.sampler)
+        self.source.set_epoch(p.epoch, start=p.position, resplits=p.resplits)
 
     def _step(self, p: Progress, parts: list[BatchParts]) -> bool:
         """Apply the step's gradients, the same on every rank; False when skipped as non-finite."""
@@ -358,8 +354,8 @@ class Trainer:
     def _log_interval(self, p: Progress, lr_factor: float) -> None:
         total, signum, _ = self._reduce(p, "train_stats")   # one allreduce per log interval, not per step
         values = self.metrics.values(total)
-        if self.log:
-            self.log.metrics({"kind": "train", "epoch": p.epoch, "step": p.step,
+        if self.run.log:
+            self.run.log.metrics({"kind": "train", "epoch": p.epoch, "step": p.step,
                               "lr": self.base_lrs[0] * lr_factor, **values})
         console.advance_postfix(values["loss"])
         if signum:
@@ -385,8 +381,8 @@ class Trainer:
             self.history[-1] = record  # elastic: the epoch's end was redone after a failure
         else:
             self.history.append(record)
-        if self.log:
-            self.log.metrics(record)
+        if self.run.log:
+            self.run.log.metrics(record)
         console.epoch_row(record, header=len(self.history) == 1)
         if signum:
             self._stop(p, signum)
@@ -394,12 +390,10 @@ class Trainer:
     def _gather_system(self) -> None:
         """Horovod: every host's system samples since the last call reach rank 0, which alone holds the run
         (one small allgather an epoch; other hosts may not even reach its store)."""
-        if not self.gather_system:
+        if not (self.run.verdict and self.run.verdict.system_hosts):
             return
-        per_rank = collectives.allgather_object(self.host_sampler.drain() if self.host_sampler else [],
-                                                name="system_samples")
-        if self.log and self.log.tracker:
-            self.log.tracker.record_system([sample for samples in per_rank for sample in samples])
+        per_rank = collectives.allgather_object(self.run.host_samples(), name="system_samples")
+        self.run.record_system([sample for samples in per_rank for sample in samples])
 
     def _judge(self, p: Progress) -> None:
         """Best weights and early stopping on config.monitor, after each finished epoch."""
@@ -411,8 +405,8 @@ class Trainer:
         better, value = collectives.broadcast_object(verdict, name="monitor")
         if better:
             p.best, p.best_epoch = value, p.epoch
-            if self.log:
-                self.log.best(self.model)
+            if self.run.log:
+                self.run.log.best(self.model)
 
     def _stop(self, p: Progress, signum: int) -> None:
         saved = self._checkpoint(p) if self.config.checkpoint_on_stop else None
@@ -420,7 +414,7 @@ class Trainer:
 
     def _checkpoint(self, p: Progress) -> str | None:
         """A collective: every rank contributes its RNG state and metric sums; rank 0 writes."""
-        if not self.run_path:
+        if not self.run.path:
             return None
         # Mid-epoch, the loader's generator as the epoch began: a resume draws this epoch's seed again, as the
         # run that never stopped did, not the next epoch's.
@@ -432,9 +426,9 @@ class Trainer:
     def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
         """Write as rank 0, with each rank's (RNG state, metric sums); one entry reads as a 1-worker run.
         replace=False (an elastic survivor): nothing where this step's checkpoint exists or is being written."""
-        if not self.run_path:
+        if not self.run.path:
             return None
-        path = (checkpoint.save if replace else checkpoint.save_new)(checkpoint.checkpoint_dir(self.run_path), p.step, {
+        path = (checkpoint.save if replace else checkpoint.save_new)(checkpoint.checkpoint_dir(self.run.path), p.step, {
             "model": plain_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
             "progress": p.values(stats=False), "world_size": len(per_rank),
             "rng": [r for r, _ in per_rank], "stats": [s for _, s in per_rank], "config": self.config.to_dict(),
@@ -454,20 +448,12 @@ class Trainer:
             raise UserError(f"nothing to do: the run already finished {p.epoch} of {end_epoch} epochs "
                             f"({p.step} steps); raise --epochs (or --max-steps) to train longer")
 
-    def start_run(self, plan: dict[str, Any], found: dict[str, Any] | None, p: Progress,
-                  end_epoch: int | None = None) -> None:
-        """On every rank: rank 0's run-directory verdict and what it read to resume (both already shared),
-        then rank 0's banner. `end_epoch` given (elastic, inside fit): a resumed run must have work left."""
-        if plan["error"]:
-            raise UserError(plan["error"])
-        self.run_path = plan["path"]
+    def start_run(self, found: dict[str, Any] | None, p: Progress, end_epoch: int | None = None) -> None:
+        """On every rank, once the run directory's verdict is adopted: what rank 0 read to resume (already
+        shared), then rank 0's banner. `end_epoch` given (elastic, inside fit): a resumed run must have work left."""
         resumed = apply_resume(found, p, self.world, self.scaler, self.loader.generator) if found is not None else None
-        if self.streaming and found and found.get("payload"):  # before the resume line claims anything
-            written_by, resplit = found["payload"]["world_size"], getattr(self.train_data, "resplit", None)
-            if resplit is None:
-                check_resume(p.position, written_by, self.world.size)
-            else:               # the rest of the old workers' blocks, split anew: every row still once
-                p.resplits = resplit(p.resplits, p.position, written_by)
+        if found and found.get("payload"):  # before the resume line claims anything
+            p.resplits = self.source.resplit(p.resplits, p.position, found["payload"]["world_size"])
         self.resumed = self.resumed or bool(found and found.get("payload"))
         if found is not None and end_epoch is not None:
             self._check_work_left(p, end_epoch)
@@ -482,13 +468,11 @@ class Trainer:
         if not self.world.is_root or self.announced:
             return
         self.announced = True
-        if self.run_path:
-            self.log = RunLog(self.run_path, self.config, backend=runtime.backend_name(), device=self.device.type,
-                              branch_from=branch_from)
+        self.run.open_log(backend=runtime.backend_name(), device=self.device.type, branch_from=branch_from)
         console.banner(banner_lines(self.config, world=self.world, backend=runtime.backend_name(),
                                     device=self.device.type, train=len(self.train_data),
                                     held_out=len(self.val_data) if self.val_data is not None else 0,
-                                    lr_scale=self.lr_scale, run_path=self.run_path))
+                                    lr_scale=self.lr_scale, run_path=self.run.path))
         if resumed:
             console.line(f"hvdtrain: {resumed}")
 
@@ -496,12 +480,9 @@ class Trainer:
         """What follows from the number of workers: set at the start and after every elastic resize."""
         config = self.config
         self.world = world
-        if self.streaming:
-            self.train_data.set_shard(world.rank, world.size)
-        else:
-            self.sampler.reshard(world.rank, world.size)
+        self.source.reshard(world.rank, world.size)
         # DataLoader(drop_last=True): fewer samples per epoch, a number that depends on the workers.
-        self.epoch_samples = len(self.train_data) if self.streaming else self.sampler.epoch_samples()
+        self.epoch_samples = self.source.epoch_samples()
         self.steps_per_epoch = steps_per_epoch(self.epoch_samples, world.size, config.batch_size,
                                                config.accumulate)
         self.lr_scale = scaled_lr(1.0, world.size, config.lr_scaling)
@@ -516,14 +497,25 @@ class Trainer:
                    "skipped_steps": p.skipped, "workers": self.world.size,
                    "samples_per_s": self.samples_this_fit / wall,
                    "wall_time_s": wall, "rank_steps": [s for s, _ in per_rank],
-                   "param_digests": [d for _, d in per_rank], "run_dir": self.run_path}
+                   "param_digests": [d for _, d in per_rank], "run_dir": self.run.path}
         if self.config.monitor:
             summary.update(monitor=self.config.monitor, best=p.best, best_epoch=p.best_epoch,
                            stopped_early=patience_exhausted(p.epoch, p.best_epoch, self.config.patience))
         self.history.summary = summary
-        if self.log:
-            self.log.finish(self.history, self.model)
+        if self.run.log:
+            self.run.log.finish(self.history, self.model)
         console.done(summary)
+
+    def close(self) -> None:
+        """Give the run folder back and stop what the run started (samplers); its files stay. Twice is harmless."""
+        self.run.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
 
     def evaluate(self, data: Any = None) -> dict[str, Any]:
         """Loss and metrics over `data` (default: the held-out set) as val_*, each sample counted once."""
@@ -558,16 +550,14 @@ def fit(config: TrainConfig) -> History:
     # an elastic worker joining a running job is in the new world at once: the others wait for its data in
     # the first sync, not in a rendezvous that gives up after --gloo-timeout-seconds.
     world = runtime.init(settings.horovod_env(config))
-    if not config.elastic:  # (elastic: a joining worker makes no collective call before the first sync)
-        plan = claim_early(config) if world.is_root else None
-        refused = collectives.broadcast_object(plan and plan["error"], name="run_dir_claim")
-        if refused:
-            raise UserError(refused)
-    try:
+    with RunDirectory(RunDirSettings.of(config)) as run:   # a run that fails before writing leaves no folder
+        if not config.elastic:  # (elastic: a joining worker makes no collective call before the first sync)
+            verdict = run.decide() if world.is_root else None
+            refused = collectives.broadcast_object(verdict and verdict.error, name="run_dir_claim")
+            if refused:
+                raise UserError(refused)
         data = build_data(config)
         model = build_model(config, input_shape(data.train), data.num_classes)
-        trainer = Trainer(model, data.train, data.val, config=config)
-    finally:
-        drop_early()    # the Trainer took the folder over, or it was never built: either way not held here
-    return trainer.fit()
+        with Trainer(model, data.train, data.val, config=config, run_directory=run) as trainer:
+            return trainer.fit()
 

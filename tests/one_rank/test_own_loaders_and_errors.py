@@ -27,7 +27,7 @@ def test_a_dataloaders_batch_size_collate_and_order_are_kept(one_worker):
     loader = DataLoader(small(), batch_size=8, shuffle=False, collate_fn=pad)
     trainer = hvdtrain.Trainer(Bag(), loader, config=config(batch_size=64))
     assert trainer.config.batch_size == 8 and trainer.steps_per_epoch == 25
-    assert trainer.loader.collate_fn is pad and list(trainer.sampler)[:5] == [0, 1, 2, 3, 4]   # shuffle=False
+    assert trainer.loader.collate_fn is pad and list(trainer.source)[:5] == [0, 1, 2, 3, 4]   # shuffle=False
     history = trainer.fit()
     assert history[-1]["train_samples"] == 200 and "train_acc" in history[-1]      # accuracy from the logits
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import PLUGINS_DIR, ROOT
 
-from hvdtrain.output.claim import claim, release
+from hvdtrain.output.claim import claim
 
 JOB = ["--dataset", "load_probe:marked_synthetic", "--synthetic-samples", "64", "--synthetic-shape", "1,4,4",
        "--model", "mlp", "--hidden", "8", "--threads", "1", "--progress-bar", "off", "--epochs", "1"]
@@ -25,16 +25,16 @@ def train(tmp_path, *args: str) -> subprocess.CompletedProcess:
 def test_a_second_run_with_the_same_name_is_refused_before_its_data_loads(tmp_path, holder):
     folder = tmp_path / "runs" / "same"
     if holder == "live":    # another run holds the folder: the same flock a training run takes
-        token = claim(folder, fresh=True)
+        held = claim(folder, fresh=True)
     else:                   # a run that finished there
         folder.mkdir(parents=True)
         (folder / "summary.json").write_text("{}\n")
-        token = None
+        held = None
     try:
         second = train(tmp_path, "--name", "same")
     finally:
-        if token is not None:
-            release(folder, token)
+        if held is not None:
+            held.release()
     assert second.returncode == 2, second.stdout + second.stderr
     assert len(second.stderr.strip().splitlines()) == 1, second.stderr
     why = "is in use by another run" if holder == "live" else "already holds a run"

@@ -158,7 +158,7 @@ class Unsized(IterableDataset):
     ("step_fn returns a vector", r"the loss must be a scalar float tensor .* got Tensor\[2\]; return it from step_fn"),
     ("unknown metric", r"unknown metric 'f1'; built-ins are acc, topK_acc"),
     ("top5 of 3 classes", r"metric top5_acc does not fit outputs \(2, 3\)"),
-    ("stream without sharding", r"train_data is an IterableDataset \(Unsized\) without set_shard"),
+    ("stream without sharding", r"train_data is an IterableDataset \(Unsized\) without reshard"),
     ("monitor not a metric", r"monitor val_f1 is not a held-out metric of this run; choose one of val_loss, val_acc"),
 ])
 def test_unsupported_inputs_are_one_line_errors_naming_the_fix(case, message, one_worker):

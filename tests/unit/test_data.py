@@ -100,7 +100,7 @@ def test_a_stream_gives_each_rank_its_rows_once_shuffled_inside_groups_and_reads
     seen = []
     for rank in (0, 1):
         stream = ParquetStream(files, "x,v", "y", [0, 1], batch_size=8, seed=3)
-        stream.set_shard(rank, 2)
+        stream.reshard(rank, 2)
         rows = [int(x[0].item()) for x, _ in stream]
         assert len(rows) == 60 and stream.rows_read <= 60 + 2 * 10   # its block, plus two boundary groups
         assert all(x.tolist() == [x[0].item(), x[0].item(), -1.0] for x, _ in stream)   # scalar, then the array

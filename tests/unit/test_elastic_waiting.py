@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 import torch
 
+from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.environment.process import Process
+from hvdtrain.output.run_directory import RunDirectory, RunDirSettings, Verdict
 from hvdtrain.train import checkpoint, elastic
 from hvdtrain.train.elastic import ElasticRun
 from hvdtrain.train.progress import Progress
@@ -32,9 +34,11 @@ class FakeLoop:
 
 def survivor(tmp_path: Path, step: int = 10) -> tuple[ElasticRun, FakeLoop]:
     loop = FakeLoop(tmp_path)
-    run = ElasticRun(loop, torch.nn.Linear(1, 1), torch.optim.SGD([torch.zeros(1)], lr=0.1), {})  # type: ignore[arg-type]
+    run_dir = RunDirectory(RunDirSettings.of(TrainConfig(run_dir="")))
+    run = ElasticRun(loop, run_dir, torch.nn.Linear(1, 1), torch.optim.SGD([torch.zeros(1)], lr=0.1),  # type: ignore[arg-type]
+                     {})
     run.state = type("State", (), {})()
-    run.state.start = {"plan": {"path": str(tmp_path)}}
+    run.state.start = {"plan": Verdict(str(tmp_path))}
     run.state.progress = Progress(step=step, position=40, stats=torch.zeros(3))
     return run, loop
 

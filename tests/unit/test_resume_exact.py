@@ -215,7 +215,7 @@ def test_a_wrapped_library_stream_resumes_where_it_stopped(n, size, batch, kill)
 
     def shard(rank: int, start: int) -> list[int]:
         stream = Stream(items, samples=n, split=lambda data, r, s: data[r::s])
-        stream.set_shard(rank, size)
+        stream.reshard(rank, size)
         stream.set_epoch(EPOCH, start=start)
         got = list(stream)
         assert len(got) == stream.shard_len()

@@ -54,8 +54,7 @@ def test_a_new_run_is_refused_a_folder_that_holds_a_run_and_adds_nothing_to_it(t
     with pytest.raises(UserError, match="already holds a run; pass a new --name, or --resume auto"):
         claim.claim(run, fresh=True)
     assert [p.name for p in run.iterdir()] == ["config.yaml"]
-    token = claim.claim(run, fresh=False)  # its own resume is welcome
-    claim.release(run, token)
+    claim.claim(run, fresh=False).release()  # its own resume is welcome
     assert [p.name for p in run.iterdir()] == ["config.yaml"]
 
 
@@ -64,21 +63,25 @@ def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_note(tmp_path, caplog)
     os.close(hold_like_another_run(run, b"pid 999999 on this-host"))  # closing drops the flock, as death does
     (run / "config.yaml").write_text("epochs: 1\n")
     with caplog.at_level(logging.INFO, logger="hvdtrain"):
-        token = claim.claim(run, fresh=False)
+        held = claim.claim(run, fresh=False)
     assert "was locked by a run that is gone (pid 999999 on this-host); taking it over" in caplog.text
     assert (run / claim.LOCK).read_text() == f"pid {os.getpid()} on {socket.gethostname()}"
-    claim.release(run, token)
+    held.release()
     assert [p.name for p in run.iterdir()] == ["config.yaml"]
 
 
 def test_release_leaves_no_trace_of_a_run_that_wrote_nothing_and_only_its_own_claim(tmp_path):
-    first, first_token = claim.claim_new(tmp_path, "mlp-digits-20250101-000000")
-    second, second_token = claim.claim_new(tmp_path, "mlp-digits-20250101-000000")  # the same second
-    assert (first.name, second.name) == ("mlp-digits-20250101-000000", "mlp-digits-20250101-000000-2")
-    claim.release(first, first_token)
-    assert not first.exists()  # made by the claim and never written: gone
-    again = claim.claim(second, fresh=True)  # this process's next run there takes its claim over...
-    claim.release(second, second_token)      # ...so the earlier run's late release leaves it be
-    assert (second / claim.LOCK).exists()
-    claim.release(second, again)
-    assert not second.exists()
+    first = claim.claim_new(tmp_path, "mlp-digits-20250101-000000")
+    second = claim.claim_new(tmp_path, "mlp-digits-20250101-000000")  # the same second
+    assert (first.path.name, second.path.name) == ("mlp-digits-20250101-000000", "mlp-digits-20250101-000000-2")
+    first.release()
+    assert not first.path.exists()  # made by the claim and never written: gone
+    first.release()                 # twice: harmless
+    with pytest.raises(UserError, match=r"in use by another run \(pid \d+ .*\); close\(\) the earlier Trainer"):
+        claim.claim(second.path, fresh=True)   # this process's own unclosed run: told how to end it
+    second.release()
+    assert not second.path.exists()
+    again = claim.claim(second.path, fresh=True)
+    assert (second.path / claim.LOCK).exists()
+    again.release()
+    assert not second.path.exists()

@@ -125,14 +125,15 @@ def test_while_the_old_rank_0_lives_the_lock_is_taken_the_moment_it_lets_go(tmp_
 
 
 def test_the_first_rank_0_still_rank_0_keeps_its_own_claim(tmp_path):
-    run = tmp_path / "x"
-    token = claim.claim(run, fresh=True, job="job1")
-    hand = claim.Handover(run, "job1")
-    hand.take()
-    assert hand.token is None and hand.thread is None
-    hand.release()   # not its claim to give back
-    assert (run / claim.LOCK).exists()
-    claim.release(run, token)
+    from hvdtrain.config.train_config import TrainConfig
+    from hvdtrain.output.run_directory import RunDirectory, RunDirSettings
+
+    with RunDirectory(RunDirSettings.of(TrainConfig(run_dir=str(tmp_path), name="x"))) as run:
+        verdict = run.decide()
+        run.adopt(verdict, is_root=True)
+        assert run.hold(is_root=True) is None and run._handover is None   # its own claim: no handover
+        assert claim.job_of((tmp_path / "x" / claim.LOCK).read_text()) == verdict.job
+    assert not (tmp_path / "x").exists()   # close() gave back the folder it made and never wrote
 
 
 def test_a_lock_another_job_holds_is_refused_in_one_line(tmp_path, holders):
@@ -155,15 +156,16 @@ def test_a_lock_another_job_left_is_refused_and_left_as_it_was(tmp_path, holders
     assert concurrent_resume(run).returncode == 0   # nothing of this job's holds it
 
 
-def test_the_plan_carries_the_job_id_written_in_the_lock(tmp_path):
-    from hvdtrain.config.train_config import TrainConfig
-    from hvdtrain.output.run_dir import plan_run_dir
+def test_the_verdict_carries_the_job_id_written_in_the_lock_and_travels_pickled(tmp_path):
+    import pickle
 
-    plan = plan_run_dir(TrainConfig(run_dir=str(tmp_path), name="x"))
-    try:
-        assert plan["job"] and claim.job_of((tmp_path / "x" / claim.LOCK).read_text()) == plan["job"]
-    finally:
-        claim.release(plan["path"], plan["claim"])
+    from hvdtrain.config.train_config import TrainConfig
+    from hvdtrain.output.run_directory import RunDirectory, RunDirSettings
+
+    with RunDirectory(RunDirSettings.of(TrainConfig(run_dir=str(tmp_path), name="x"))) as run:
+        verdict = run.decide()
+        assert verdict.job and claim.job_of((tmp_path / "x" / claim.LOCK).read_text()) == verdict.job
+        assert pickle.loads(pickle.dumps(verdict)) == verdict and run.decide() is verdict
 
 
 def test_the_examples_in_claim_run():
