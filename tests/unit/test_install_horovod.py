@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,11 +39,18 @@ def test_cache_key_changes_with_every_build_input():
 
 
 @pytest.fixture(scope="module")
-def horovod_source(tmp_path_factory):
-    """The real horovod 0.28.1 sdist, downloaded with pip and unpacked."""
+def horovod_sdist(tmp_path_factory):
+    """The real horovod 0.28.1 sdist, downloaded with pip and unpacked once: never patched itself."""
     dest = tmp_path_factory.mktemp("sdist")
     log = dest / "download.log"
     return ih.download_sdist(sys.executable, dest, log)
+
+
+@pytest.fixture
+def horovod_source(horovod_sdist, tmp_path):
+    """A fresh copy of the unpacked sdist for each test: a patch one test applies is not there for the next, in
+    any order (33 MB, about a second)."""
+    return Path(shutil.copytree(horovod_sdist, tmp_path / "horovod-src", symlinks=True))
 
 
 def test_cxx17_fix_applies_exactly_once_to_the_real_sources(horovod_source):
