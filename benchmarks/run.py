@@ -105,7 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # only, two rounds of the cheap np=1 group, one at np=2: each horovodrun start costs seconds),
         # then the real-size workloads at toy sizes, light variant sets (see variants()).
         args.steps, args.warmup, args.sizes, args.iters = 3, 1, "0.25,1", 2
-        args.models, args.backends = "mlp,resnet18,transformer", "gloo"
+        args.backends = "gloo"
+        if args.models == parser.get_default("models"):   # an explicit --models (a shorter smoke) is kept
+            args.models = "mlp,resnet18,transformer"
         args.bandwidth = "horovod-gloo,torch-gloo,memcpy"
     return args
 

@@ -81,6 +81,31 @@ def test_a_failed_launch_is_retried_once_and_both_failures_are_reported(capsys):
     assert "retrying once" in err and "failed again" in err
 
 
+def test_one_model_run_end_to_end(tmp_path):
+    """The default run's short form of the smoke run below (--smoke --models mlp): every variant and launcher of
+    the tiny MLP at np 1 and 2, the bandwidth sweep, the ratios and the three output files; the real-size models'
+    code paths are the long form's (and test_overhead's transformer)."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--models", "mlp",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, show(proc)
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert set(result["groups"]) == {"mlp/np1", "mlp/np2"}
+    assert set(result["groups"]["mlp/np1"]) == {"single", "hvdtrain", "horovod", "ddp"}
+    assert {"ddp", "compute", "hvdtrain-gloo", "horovod-gloo", "allreduce-gloo"} == set(result["groups"]["mlp/np2"])
+    for group, rows in result["groups"].items():
+        for row in rows.values():
+            assert row["failed"] == 0 and row["best_ms"] > 0 and row["median_ms"] >= row["best_ms"], (group, row)
+            assert row["np"] == int(group[-1]), row
+    assert {"hvdtrain_vs_horovod_np1", "hvdtrain_vs_ddp_np2_gloo", "step_over_max_compute_comm_gloo",
+            "scaling_efficiency_hvdtrain_gloo"} <= set(result["ratios"]["mlp"])
+    for impl in ("horovod-gloo", "torch-gloo", "memcpy"):
+        rows = result["bandwidth"][impl]
+        assert [r["size_mb"] for r in rows] == [0.25, 1.0] and all(r["busbw_gbs"] > 0 for r in rows), impl
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "hvdtrain-gloo" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.long
 def test_smoke_run_end_to_end(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
