@@ -19,8 +19,7 @@ def parser(commands: Commands | None = None) -> Parser:
 
 
 def main(args: list[str]) -> int:
-    import os
-
+    from hvdtrain.environment.process import is_rank_zero
     from hvdtrain.errors import Stopped
     from hvdtrain.launcher.slurm_gloo import join as join_slurm_gloo
     from hvdtrain.output.console import console
@@ -29,7 +28,7 @@ def main(args: list[str]) -> int:
 
     config = _config(args)
     joined = join_slurm_gloo()   # Horovod: srun's tasks with no MPI get Gloo's variables and rendezvous
-    if joined and os.environ.get("HOROVOD_RANK") == "0":
+    if joined and is_rank_zero():
         console.line(f"hvdtrain: {joined}")
     STOP.install()   # SIGINT, SIGTERM, SIGUSR1 (a scheduler's early warning): checkpoint and stop
     try:

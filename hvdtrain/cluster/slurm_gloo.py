@@ -18,10 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hvdtrain.cluster.allocations import expand_hostlist, expand_task_counts
-from hvdtrain.environment.process import Process, launcher_env
+from hvdtrain.environment.process import LAUNCHERS, Process, from_env, launcher_env
 from hvdtrain.errors import HostsError
 
-OTHER_LAUNCHERS = ("HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+# The rank variables of every launcher but srun's own (environment/process.py's table), and a Gloo rendezvous.
+OTHER_LAUNCHERS = (*(row[1] for row in LAUNCHERS if row[0] not in ("slurm", "torchrun")),
+                   "HOROVOD_GLOO_RENDEZVOUS_ADDR")
 # Step ids at and above this are Slurm's own steps (batch script, extern, interactive), not an srun's.
 FIRST_SPECIAL_STEP = 0xFFFFFFF0
 PORT_BASE, PORT_SPAN = 20000, 30000     # below Linux's ephemeral range (32768+ collide less above 50000)
@@ -59,8 +61,9 @@ def applies(env: Mapping[str, str]) -> bool:
     if env.get("HVDTRAIN_SLURM_GLOO", "").strip() == "0" or any(name in env for name in OTHER_LAUNCHERS):
         return False
     step, tasks = env.get("SLURM_STEP_ID", "").strip(), env.get("SLURM_STEP_NUM_TASKS", "").strip()
+    here = from_env(env)
     return (step.isdigit() and int(step) < FIRST_SPECIAL_STEP and tasks.isdigit() and int(tasks) > 1
-            and "SLURM_PROCID" in env)
+            and here is not None and here.launcher == "slurm")
 
 
 def slots(nodes: list[str], tasks_per_node: list[int]) -> list[Slot]:
@@ -120,9 +123,11 @@ def gloo_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[Slot]]:
     nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST", "").strip() or env.get("SLURM_JOB_NODELIST", ""))
     everyone = slots(nodes, expand_task_counts(env.get("SLURM_STEP_TASKS_PER_NODE", ""),
                                                "SLURM_STEP_TASKS_PER_NODE"))
-    rank, local_rank, node = _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"), _int(env, "SLURM_NODEID")
+    here = from_env(env)
+    assert here is not None     # applies() said so
+    rank, local_rank, node = here.rank, here.local_rank, _int(env, "SLURM_NODEID")
     if len(everyone) != _int(env, "SLURM_STEP_NUM_TASKS") or rank >= len(everyone) or node >= len(nodes):
-        raise HostsError(f"SLURM_PROCID={rank}, SLURM_NODEID={node}, SLURM_STEP_NUM_TASKS="
+        raise HostsError(f"task rank {rank} (srun's), SLURM_NODEID={node}, SLURM_STEP_NUM_TASKS="
                          f"{env.get('SLURM_STEP_NUM_TASKS')} do not fit SLURM_STEP_TASKS_PER_NODE="
                          f"{env.get('SLURM_STEP_TASKS_PER_NODE')!r}")
     tasks_here = sum(1 for slot in everyone if slot.hostname == nodes[node])

@@ -12,6 +12,7 @@ from typing import Any
 
 from hvdtrain.cluster.slurm_gloo import gloo_env
 from hvdtrain.distributed import horovod_runner
+from hvdtrain.environment.process import from_env
 from hvdtrain.errors import HostsError
 
 # Rank 0's rendezvous server lives as long as the process (Gloo reads it during hvd.init()).
@@ -26,13 +27,15 @@ def join(env: MutableMapping[str, str] | None = None, timeout: float = 300) -> s
     found, everyone = gloo_env(env)
     if not found:
         return ""
+    me = from_env(found)
+    assert me is not None   # found holds horovodrun --gloo's rank variables
     first, port = found["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(found["HOROVOD_GLOO_RENDEZVOUS_PORT"])
     try:
         address = socket.gethostbyname(first)
     except OSError as err:
         raise HostsError(f"the step's first node {first!r} does not resolve here ({err}): Gloo needs every node "
                          "to reach it by name") from err
-    if found["HOROVOD_RANK"] == "0":
+    if me.is_root:
         try:
             _SERVERS.append(horovod_runner.rendezvous_server_at(port, [dataclasses.asdict(s) for s in everyone]))
         except OSError as err:
@@ -41,8 +44,7 @@ def join(env: MutableMapping[str, str] | None = None, timeout: float = 300) -> s
     else:
         _await(address, port, timeout)
     env.update({**found, "HOROVOD_GLOO_RENDEZVOUS_ADDR": address})
-    return (f"Gloo over srun: rank {found['HOROVOD_RANK']} of {found['HOROVOD_SIZE']}, rendezvous on {first} "
-            f"({address}:{port})")
+    return f"Gloo over srun: rank {me.rank} of {me.size}, rendezvous on {first} ({address}:{port})"
 
 
 def _await(address: str, port: int, timeout: float) -> None:

@@ -153,9 +153,11 @@ def test_early_warning_on_two_nodes_then_requeue_resumes_by_itself_exactly(slurm
     done = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
             if json.loads(line).get("kind") == "train"]
     # The pre-empted job is requeued (as PreemptMode=REQUEUE or a site's USR1 handler would): no user action after.
+    # Slurm holds a requeued job ~2 minutes before it may start again (its begin time); the test starts it once
+    # both nodes have cleaned up after its first run (earlier, its new batch step fails to launch).
+    wait_for(lambda: all(cluster.node_state(node.name) == "idle" for node in cluster.nodes), timeout=120)
     cluster.client("scontrol", "requeue", job)
-    # Slurm holds a requeued job ~2 minutes before it may start again (its begin time); what a scheduler would
-    # do later anyway, done now, so the test does not wait.
+    time.sleep(2)
     cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now")
     state = cluster.wait_job(job, JOB_TIMEOUT)
     out = log.read_text()

@@ -68,8 +68,8 @@ def test_no_slurm_no_change():
 @pytest.mark.parametrize("change, named", [
     ({"SLURM_STEP_TASKS_PER_NODE": "3"}, "disagree"),
     ({"SLURM_STEP_TASKS_PER_NODE": "3,x"}, "SLURM_STEP_TASKS_PER_NODE"),
-    ({"SLURM_PROCID": "7"}, "SLURM_PROCID=7"),
-    ({"SLURM_LOCALID": ""}, "SLURM_LOCALID=''"),
+    ({"SLURM_PROCID": "7"}, "task rank 7"),
+    ({"SLURM_NODEID": ""}, "SLURM_NODEID=''"),
     ({"HVDTRAIN_GLOO_PORT": "70000"}, "HVDTRAIN_GLOO_PORT=70000"),
 ])
 def test_a_bad_value_is_one_error_naming_it(change, named):
