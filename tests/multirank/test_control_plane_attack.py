@@ -97,7 +97,8 @@ def weights(folder: Path, name: str) -> dict[str, torch.Tensor]:
     return torch.load(folder / name / "model.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("np_, elastic", [(2, False), (3, False), (2, True)],
+# 2 workers (the peer watch) and elastic (the driver watch) in the default run; 3 workers is the long tier.
+@pytest.mark.parametrize("np_, elastic", [(2, False), pytest.param(3, False, marks=pytest.mark.long), (2, True)],
                          ids=["2-workers", "3-workers", "2-workers-elastic"])
 def test_a_job_under_attack_finishes_as_if_unattacked_and_no_command_line_holds_the_key(tmp_path, np_, elastic):
     code, output, report, seen = run(tmp_path, np_, elastic, "attacked", attack=True)
