@@ -11,6 +11,7 @@ gloo compiled as C++11 fails with duplicate `kDefaultTimeout` symbols. `apply_cx
 the extension as C++17 and links it against a C++17 copy of gloo (the block Horovod already has for
 TensorFlow), which is what upstream master did after the last release. `apply_gcc13_fix` adds the
 standard includes g++ 13 (Ubuntu 24.04, the GPU image's base) needs in two of its headers.
+`apply_bf16` adds bfloat16 as a Horovod data type (scripts/horovod_bf16.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from horovod_bf16 import BF16_BINDING, BF16_MARKER, BF16_PATCHES, patch_set_hash
 
 HOROVOD_VERSION = "0.28.1"
 CXX17_MARKER = "# hvdtrain: C++17 fix for torch >= 2.1"
@@ -75,18 +78,20 @@ def torch_cxx_standard(python: str) -> int:
 
 
 def cache_key(horovod: str, torch: str, python: str, cuda: str | None, nccl: bool, cc_list: str = "",
-              torch_cuda: str | None = None) -> str:
+              torch_cuda: str | None = None, patches: str | None = None) -> str:
     """One folder per build configuration; a wheel is reused only for an identical one.
 
     `cuda` is the CUDA of the GPU build (None: a CPU build); `torch_cuda` is torch's own CUDA when that
     differs (a CUDA torch with Horovod built for CPU on a GPU-less machine), so the two never share a wheel.
     `cc_list` is HOROVOD_BUILD_CUDA_CC_LIST (the GPU architectures compiled); '' = all nvcc knows.
+    `patches` is the digest of hvdtrain's patch set (default: this file's), so a wheel built before a patch
+    changed, or before it existed, is never reused.
     """
     accel = f"cu{cuda}" + ("-nccl" if nccl else "") if cuda else (f"cpu-on-cu{torch_cuda}" if torch_cuda else "cpu")
     if cuda and cc_list.strip():
         accel += "-cc" + "_".join(sorted({cc.strip() for cc in cc_list.split(",") if cc.strip()}, key=int))
     safe_torch = re.sub(r"[^0-9A-Za-z.]+", "_", torch)
-    return f"horovod-{horovod}-torch{safe_torch}-py{python}-{accel}"
+    return f"horovod-{horovod}-torch{safe_torch}-py{python}-{accel}-p{patches or PATCH_SET_HASH}"
 
 
 # The standard torch's headers demand (HVDTRAIN_TORCH_CXX_STANDARD, from torch_cxx_standard: 17 up to torch
@@ -146,6 +151,9 @@ HEADER_PATCHES = {
 }
 
 
+PATCH_SET_HASH = patch_set_hash(PATCHES, HEADER_PATCHES, BF16_PATCHES)
+
+
 def patch_text(text: str, replacements: tuple[tuple[str, str], ...], name: str, marker: str = CXX17_MARKER) -> str:
     """Apply each (old, new) exactly once; text already carrying the marker is returned as is."""
     if marker in text:
@@ -176,6 +184,11 @@ def apply_cxx17_fix(src_dir: Path, patches: Mapping[str, tuple[tuple[str, str], 
 def apply_gcc13_fix(src_dir: Path) -> bool:
     """Add the standard includes g++ 13 needs to 0.28.1's headers. Returns False if already there."""
     return apply_cxx17_fix(src_dir, HEADER_PATCHES, GCC13_MARKER)
+
+
+def apply_bf16(src_dir: Path) -> bool:
+    """Give Horovod a bfloat16 data type (scripts/horovod_bf16.py). Returns False if already there."""
+    return apply_cxx17_fix(src_dir, BF16_PATCHES, BF16_MARKER)
 
 
 def parse_check_build(output: str) -> dict[str, bool]:
@@ -495,10 +508,12 @@ def verify(python: str, expected: tuple[str, ...] = EXPECTED_BUILD) -> str:
 
 
 def installed_matches(python: str, torch_version: str) -> bool:
-    """Horovod HOROVOD_VERSION is installed, imports, and was built against this very torch: its metadata.json
-    names the torch it was compiled with (a torch upgrade or a CPU/CUDA switch must rebuild it)."""
-    code = ("import horovod, horovod.torch, json, os, torch; "
+    """Horovod HOROVOD_VERSION is installed, imports, has hvdtrain's bfloat16 patch, and was built against this very
+    torch: its metadata.json names the torch it was compiled with (a torch upgrade or a CPU/CUDA switch must
+    rebuild it)."""
+    code = ("import horovod, horovod.torch, horovod.torch.mpi_lib_v2 as lib, json, os, torch; "
             f"assert horovod.__version__ == {HOROVOD_VERSION!r}; "
+            f"assert hasattr(lib, {BF16_BINDING!r}); "
             f"assert torch.__version__ == {torch_version!r}; "
             "meta = json.load(open(os.path.join(os.path.dirname(horovod.__file__), 'metadata.json'))); "
             f"assert meta.get('pytorch') == {torch_version!r}")
@@ -586,6 +601,7 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
     with tempfile.TemporaryDirectory(prefix="hvdtrain-horovod-") as tmp:
         src = download_sdist(python, Path(tmp), log)
         apply_gcc13_fix(src)  # harmless for older compilers: only standard includes
+        apply_bf16(src)
         if needs_cxx17(torch_version):
             apply_cxx17_fix(src)
             standard = torch_cxx_standard(python)

@@ -30,7 +30,7 @@ def test_cxx17_fix_needed_from_torch_2_1(torch_version, expected):
 def test_cache_key_changes_with_every_build_input():
     base = dict(horovod="0.28.1", torch="2.13.0+cpu", python="3.11", cuda=None, nccl=False)
     key = ih.cache_key(**base)
-    assert key == "horovod-0.28.1-torch2.13.0_cpu-py3.11-cpu"
+    assert key == f"horovod-0.28.1-torch2.13.0_cpu-py3.11-cpu-p{ih.PATCH_SET_HASH}"
     variants = [dict(base, horovod="0.28.2"), dict(base, torch="2.14.1"), dict(base, python="3.12"),
                 dict(base, cuda="12.8"), dict(base, cuda="12.8", nccl=True)]
     keys = {ih.cache_key(**variant) for variant in variants}
@@ -67,6 +67,68 @@ def test_cxx17_fix_applies_exactly_once_to_the_real_sources(horovod_source):
     assert "set(CMAKE_CXX_STANDARD 17)" in torch_cmake
     assert "list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)" in torch_cmake
     assert "Pytorch_CXX17 AND Pytorch_CXX17" in (horovod_source / "CMakeLists.txt").read_text()
+
+
+def test_cache_key_changes_with_the_patch_set():
+    """A wheel built before a patch changed (or before the bf16 patch existed) is never reused."""
+    base = dict(horovod="0.28.1", torch="2.13.0+cpu", python="3.11", cuda=None, nccl=False)
+    assert ih.cache_key(**base) == ih.cache_key(**base, patches=ih.PATCH_SET_HASH)
+    assert ih.cache_key(**base) != "horovod-0.28.1-torch2.13.0_cpu-py3.11-cpu"   # the key before the bf16 patch
+    rel = "horovod/common/message.h"
+    edited = dict(ih.BF16_PATCHES, **{rel: ((ih.BF16_PATCHES[rel][0][0], ih.BF16_PATCHES[rel][0][1] + " "),)})
+    other = ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, edited)
+    assert other != ih.PATCH_SET_HASH and ih.cache_key(**base, patches=other) != ih.cache_key(**base)
+    assert ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, ih.BF16_PATCHES) == ih.PATCH_SET_HASH
+
+
+def test_bf16_patches_apply_exactly_once_to_the_real_sources(horovod_source):
+    files = [horovod_source / rel for rel in ih.BF16_PATCHES]
+    originals = [f.read_text() for f in files]
+    assert ih.apply_bf16(horovod_source) is True
+    patched = [f.read_text() for f in files]
+    assert ih.apply_bf16(horovod_source) is False
+    assert [f.read_text() for f in files] == patched
+    for path, before, after in zip(files, originals, patched, strict=True):
+        assert after.count(ih.BF16_MARKER) == 1 and after != before, path
+    assert "HOROVOD_BFLOAT16 = 10," in (horovod_source / "horovod/common/message.h").read_text()
+    bindings = (horovod_source / "horovod/torch/mpi_ops_v2.cc").read_text()
+    # 8 operations, each for CPU tensors and for CUDA ones (on the GPU or staged through host memory)
+    assert bindings.count('_BFloat16Tensor", &Do') == 8 * 3 and f'"{ih.BF16_BINDING}"' in bindings
+
+
+@pytest.mark.skipif(not ih.shutil.which("g++"), reason="needs g++ to compile the patched header")
+def test_patched_half_header_rounds_bf16_as_torch_does(horovod_source, tmp_path):
+    """The bf16 helpers compiled for real (strict C++17) and run on float32 bit patterns, against torch."""
+    import torch
+
+    ih.apply_bf16(horovod_source)
+    generator = torch.Generator().manual_seed(0)
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (20000,), dtype=torch.int64, generator=generator).to(torch.int32)
+    special = torch.tensor([0.0, -0.0, 1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 3.3895e38, float("inf"), -float("inf"),
+                            1e-40, -1e-45, float("nan")], dtype=torch.float32)
+    values = torch.cat([bits.view(torch.float32), special])
+    (tmp_path / "in.bin").write_bytes(values.numpy().tobytes())
+    unit = tmp_path / "unit.cc"
+    unit.write_text('#include "half.h"\n#include <cstdio>\nusing namespace horovod::common;\n'
+                    "int main() {\n  FILE* in = std::fopen(\"in.bin\", \"rb\");\n"
+                    "  FILE* out = std::fopen(\"out.bin\", \"wb\");\n"
+                    "  float v;\n  while (std::fread(&v, 4, 1, in) == 1) {\n"
+                    "    uint16_t b = FloatToBFloat16Bits(v);\n    std::fwrite(&b, 2, 1, out);\n"
+                    "    float back = BFloat16BitsToFloat(b);\n    uint16_t again = FloatToBFloat16Bits(back);\n"
+                    "    if (again != b) return 2;\n  }\n"
+                    "  BFloat16 one{0x3f80}, three{0x4040};\n"
+                    "  if ((one + one).bits != 0x4000 || (three * three).bits != 0x4110 || !(one < three)) return 3;\n"
+                    "  std::fclose(in); std::fclose(out); return 0;\n}\n")
+    built = subprocess.run(["g++", "-std=c++17", "-pedantic-errors", "-O1", f"-I{horovod_source / 'horovod/common'}",
+                            str(unit), "-o", str(tmp_path / "unit")], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    ran = subprocess.run([str(tmp_path / "unit")], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran
+    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.int16)
+    want = values.to(torch.bfloat16).view(torch.int16)
+    nan = torch.isnan(values)
+    assert torch.equal(got[~nan], want[~nan])
+    assert torch.isnan(got[nan].view(torch.bfloat16)).all()      # a NaN stays a NaN (its payload may differ)
 
 
 def test_patch_refuses_sources_without_the_expected_anchor():
@@ -245,11 +307,13 @@ def test_patched_headers_compile_alone_as_strict_cxx17(horovod_source, header, t
 
 def test_cache_key_includes_the_cuda_architectures():
     base = dict(horovod="0.28.1", torch="2.13.0", python="3.12", cuda="13.0", nccl=True)
-    assert ih.cache_key(**base) == "horovod-0.28.1-torch2.13.0-py3.12-cu13.0-nccl"
-    assert ih.cache_key(**base, cc_list="90, 80") == "horovod-0.28.1-torch2.13.0-py3.12-cu13.0-nccl-cc80_90"
+    assert ih.cache_key(**base) == f"horovod-0.28.1-torch2.13.0-py3.12-cu13.0-nccl-p{ih.PATCH_SET_HASH}"
+    assert ih.cache_key(**base, cc_list="90, 80") == (
+        f"horovod-0.28.1-torch2.13.0-py3.12-cu13.0-nccl-cc80_90-p{ih.PATCH_SET_HASH}")
     assert ih.cache_key(**base, cc_list="80,90") == ih.cache_key(**base, cc_list="90,80")
     assert ih.cache_key(**base, cc_list="90") != ih.cache_key(**base, cc_list="80,90")
-    assert ih.cache_key(**dict(base, cuda=None, nccl=False), cc_list="90").endswith("-cpu")  # no GPU code: no arch
+    assert ih.cache_key(**dict(base, cuda=None, nccl=False), cc_list="90").endswith(
+        f"-cpu-p{ih.PATCH_SET_HASH}")  # no GPU code: no arch
 
 
 def test_find_nccl_beyond_two_fixed_folders():
