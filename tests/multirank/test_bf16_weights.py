@@ -1,7 +1,7 @@
-"""Tier 3: a model whose weights are bfloat16 on 2 real workers (Gloo and MPI). Horovod 0.28.1 has no bfloat16
-(its raw "Tensor type torch.BFloat16Tensor is not supported." before the first step); hvdtrain's seam sends bf16
-tensors as float32: the run trains, every rank ends equal, and np=2 x batch 16 equals np=1 x batch 32 to bf16
-precision."""
+"""Tier 3: a model whose weights are bfloat16 on 2 real workers (Gloo and MPI). Horovod 0.28.1 as released has no
+bfloat16 (its raw "Tensor type torch.BFloat16Tensor is not supported." before the first step); hvdtrain's patched
+build has, and the seam sends bf16 tensors as bf16 (as float32 with an unpatched build): the run trains, every rank
+ends equal, and np=2 x batch 16 equals np=1 x batch 32 to bf16 precision."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,9 @@ import sys
 import pytest
 import torch
 from conftest import BACKENDS, ROOT, horovodrun, show
+from test_bf16_compression import timeline_ops
+
+from hvdtrain.distributed import runtime
 
 SCRIPT = "tests/ranks/bf16_weights.py"
 # EQUIV's job with the rank script's own bf16 model (SGD with momentum: its bf16 state is broadcast too).
@@ -31,7 +34,9 @@ def one_process(tmp_path_factory) -> dict[str, torch.Tensor]:
 @BACKENDS
 def test_bf16_weights_train_on_two_workers_and_equal_one_worker_with_twice_the_batch(tmp_path, backend, one_process):
     out = tmp_path / "two.pt"
-    proc = horovodrun(2, [SCRIPT, str(out), "mlp", *JOB, "--batch-size", "16"], backend)
+    timeline = tmp_path / "timeline.json"
+    proc = horovodrun(2, [SCRIPT, str(out), "mlp", *JOB, "--batch-size", "16", "--timeline-file", str(timeline)],
+                      backend)
     assert proc.returncode == 0, show(proc)
     assert "not supported" not in proc.stdout + proc.stderr
     report = json.loads(out.with_suffix(".json").read_text())
@@ -42,6 +47,12 @@ def test_bf16_weights_train_on_two_workers_and_equal_one_worker_with_twice_the_b
         # Sums of 16 and of 32 samples round differently in bf16: at most a couple of bf16 steps apart
         # (seen: one step, 2^-10 for weights near 0.14).
         torch.testing.assert_close(two[key].float(), value.float(), atol=2 ** -9, rtol=2 ** -7)
+    # What Horovod's core carried (its timeline names the dtype of allreduces only): every gradient, 12 steps.
+    wire = "bfloat16" if runtime.native_bf16() else "float32"
+    grads = {k: v for k, v in timeline_ops(timeline, "allreduce").items() if k in two}
+    assert grads.keys() == {k for k in two if k.endswith(("weight", "bias"))}
+    assert all(len(v) == 12 for v in grads.values())
+    assert {dtype for per in grads.values() for dtype, _ in per} == {wire}
 
 
 def test_bf16_batchnorm_statistics_are_averaged_over_workers(tmp_path):
