@@ -21,7 +21,7 @@ def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **va
 
 
 def _state_class() -> type:
-    class State(hvd.elastic.TorchState):  # type: ignore[name-defined,misc]
+    class State(hvd.elastic.TorchState):
         """TorchState whose sync (the broadcast from rank 0 after a reset) carries bf16 weights and optimizer
         state where Horovod lacks bfloat16: Horovod's own handlers would raise "Tensor type
         torch.BFloat16Tensor is not supported.", wire's send them through float32."""
