@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import BIN, ROOT
-from slurm_cluster import SlurmCluster, running_slurm
+from slurm_cluster import NODE, SlurmCluster, running_slurm
 
 SBATCH = ROOT / "examples" / "cluster" / "slurm.sbatch"
 PLUGINS = ROOT / "tests" / "plugins"
@@ -133,6 +133,10 @@ def test_scontrol_requeue_mid_epoch_resumes_by_itself_and_equals_the_uninterrupt
     started = time.monotonic()
     slurm.client("scontrol", "requeue", job)
     hold.unlink()      # the restarted run counts its steps from its resume point: it must not hold again
+    # Slurm holds a requeued job ~2 minutes (its begin time): once the node has cleaned up after the first run,
+    # the test lets it start (earlier, the restarted batch step fails to launch).
+    wait_for(lambda: slurm.job_state(job) == "PENDING" and slurm.node_state(NODE) == "idle", timeout=JOB_TIMEOUT)
+    slurm.client("scontrol", "update", f"JobId={job}", "StartTime=now")
     state = slurm.wait_job(job, JOB_TIMEOUT)
     out = log.read_text() if log.exists() else "(no job output)"
     assert state == "COMPLETED", f"{state}\n{out[-4000:]}"
@@ -163,6 +167,7 @@ def test_early_warning_usr1_to_the_batch_shell_reaches_every_task_and_checkpoint
     assert_same_weights(tmp_path / "run", uninterrupted[2])
 
 
+@pytest.mark.long    # a 1-minute limit, Slurm's check every ~30 s, then the resume: over 2 minutes by design
 def test_time_limit_term_checkpoints_before_kill_and_resume_equals_the_uninterrupted_run(slurm, tmp_path,
                                                                                          uninterrupted):
     """`--time=1` (Slurm's minimum) on a run that needs over 2 minutes (3 s a step): Slurm's own TERM at the
