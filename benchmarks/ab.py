@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--timeout", type=int, default=300)
     parser.add_argument("--smoke", action="store_true", help="tiny model: checks the tool, not speed")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every variant's model "
+                        "(hvdtrain alone: a setting HVDTRAIN_ARGS=--compile)")
     args = parser.parse_args()
     settings = [parse_setting(text) for text in args.settings]
     # A setting's HVDTRAIN_ARGS is passed to the hvdtrain variant as flags, e.g. "--nonfinite-limit 0".
@@ -78,7 +80,8 @@ def main() -> None:
             load = os.getloadavg()[0]
             rec = launch(launch_spec(name, args.variant, args.backend), 2,
                          ["--steps", str(args.steps), "--warmup", "3", "--threads", "1", "--pin",
-                          "--model", args.model, *(["--smoke"] if args.smoke else []), *flags], env,
+                          "--model", args.model, *(["--smoke"] if args.smoke else []),
+                          *(["--compile"] if args.compile else []), *flags], env,
                          args.timeout, drop=unset)
             if "error" in rec:
                 say(f"rep {rep} {name}: {rec['error']}\n{rec['output_tail'][-800:]}")

@@ -88,6 +88,9 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     ledger.mark("setup")
 
+    # --compile: the loops get torch.compile(model) (DDP: compile(DDP(model)), so DDPOptimizer splits the graph
+    # at its buckets); hvdtrain its own --compile. The clock's hook stays on the plain module, called inside.
+    run_model = torch.compile(model) if args.compile and args.variant != "ddp" else model
     if args.variant == "hvdtrain":
         import hvdtrain
 
@@ -96,15 +99,16 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
         optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-        plain_loop(model, optimizer, work["loader"], total, device, args.precision, horovod=True)
+        plain_loop(run_model, optimizer, work["loader"], total, device, args.precision, horovod=True)
     elif args.variant == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=config.lr, momentum=config.momentum)
-        plain_loop(ddp, optimizer, work["loader"], total, device, args.precision)
+        loop_model = torch.compile(ddp) if args.compile else ddp
+        plain_loop(loop_model, optimizer, work["loader"], total, device, args.precision)
     elif args.variant in ("single", "compute"):
         # compute: each rank trains alone (no gradient exchange) while the others do the same.
         optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-        plain_loop(model, optimizer, work["loader"], total, device, args.precision)
+        plain_loop(run_model, optimizer, work["loader"], total, device, args.precision)
     elif args.variant == "allreduce":
         # The gradient traffic of one step with no compute: every parameter-shaped tensor, async, then wait.
         grads = [(name, torch.randn_like(p)) for name, p in model.named_parameters()]
@@ -126,7 +130,7 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
             "grad_bytes": 4 * params, "batch_size": config.batch_size,
             "step_ms": times, "best_ms": min(times), "median_ms": statistics.median(times),
             "cpu_ms": cpu, "median_cpu_ms": statistics.median(cpu), "threads_cpu": threads,
-            "tx_bytes_per_step": clock.tx_bytes_per_step(), "compression": compression(args)}
+            "tx_bytes_per_step": clock.tx_bytes_per_step(), "compression": compression(args), "compile": args.compile}
 
 
 def compression(args: argparse.Namespace) -> str:
@@ -210,7 +214,10 @@ def main() -> None:
     parser.add_argument("--result", help="file for rank 0's JSON record (benchmarks.run reads it)")
     parser.add_argument("--hvdtrain-args", default="", help="extra hvdtrain flags for the hvdtrain variant, "
                         "e.g. '--nonfinite-limit 0'")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (hvdtrain: its --compile)")
     args = parser.parse_args()
+    if args.compile and args.variant == "hvdtrain":
+        args.hvdtrain_args = f"{args.hvdtrain_args} --compile".strip()
     result = run_sweep(args) if args.variant.startswith("bw-") else run_steps(args)
     if args.result and os.environ.get("BENCH_IFACE") and result.get("tx_bytes_per_step") is not None:
         # every rank's own counter (benchmarks.network): the hosts share this filesystem

@@ -11,7 +11,8 @@ gloo compiled as C++11 fails with duplicate `kDefaultTimeout` symbols. `apply_cx
 the extension as C++17 and links it against a C++17 copy of gloo (the block Horovod already has for
 TensorFlow), which is what upstream master did after the last release. `apply_gcc13_fix` adds the
 standard includes g++ 13 (Ubuntu 24.04, the GPU image's base) needs in two of its headers.
-`apply_bf16` adds bfloat16 as a Horovod data type (scripts/horovod_bf16.py).
+`apply_bf16` adds bfloat16 as a Horovod data type (scripts/horovod_bf16.py); `apply_perf` lets idle ranks skip
+Horovod's per-cycle negotiation (scripts/horovod_perf.py, HOROVOD_IDLE_CYCLE_TIME).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from horovod_bf16 import BF16_BINDING, BF16_MARKER, BF16_PATCHES, patch_set_hash
+from horovod_perf import PERF_MARKER, PERF_PATCHES
 
 HOROVOD_VERSION = "0.28.1"
 CXX17_MARKER = "# hvdtrain: C++17 fix for torch >= 2.1"
@@ -151,7 +153,7 @@ HEADER_PATCHES = {
 }
 
 
-PATCH_SET_HASH = patch_set_hash(PATCHES, HEADER_PATCHES, BF16_PATCHES)
+PATCH_SET_HASH = patch_set_hash(PATCHES, HEADER_PATCHES, BF16_PATCHES, PERF_PATCHES)
 
 
 def patch_text(text: str, replacements: tuple[tuple[str, str], ...], name: str, marker: str = CXX17_MARKER) -> str:
@@ -189,6 +191,11 @@ def apply_gcc13_fix(src_dir: Path) -> bool:
 def apply_bf16(src_dir: Path) -> bool:
     """Give Horovod a bfloat16 data type (scripts/horovod_bf16.py). Returns False if already there."""
     return apply_cxx17_fix(src_dir, BF16_PATCHES, BF16_MARKER)
+
+
+def apply_perf(src_dir: Path) -> bool:
+    """Idle ranks wait for work instead of negotiating every cycle (scripts/horovod_perf.py). False if already there."""
+    return apply_cxx17_fix(src_dir, PERF_PATCHES, PERF_MARKER)
 
 
 def parse_check_build(output: str) -> dict[str, bool]:
@@ -602,6 +609,7 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
         src = download_sdist(python, Path(tmp), log)
         apply_gcc13_fix(src)  # harmless for older compilers: only standard includes
         apply_bf16(src)
+        apply_perf(src)
         if needs_cxx17(torch_version):
             apply_cxx17_fix(src)
             standard = torch_cxx_standard(python)

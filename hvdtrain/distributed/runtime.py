@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hvdtrain.distributed.settings import gloo_defaults, mpi_defaults, timeout_defaults
+from hvdtrain.distributed.settings import gloo_defaults, idle_defaults, mpi_defaults, timeout_defaults
 from hvdtrain.environment import process
 from hvdtrain.errors import UserError
 
@@ -52,6 +52,7 @@ def init(settings: dict[str, str] | None = None) -> World:
         os.environ.update(mpi_defaults(os.environ))  # Open MPI reads these in MPI_Init, inside h.init()
         os.environ.update(settings)  # Horovod's core reads these once, inside init()
         os.environ.update(gloo_defaults(os.environ))  # after the config's settings: autotune wins
+        os.environ.update(idle_defaults(os.environ))
         os.environ.update(timeout_defaults(os.environ))  # after them too: the config's or horovodrun's wins
     h.init()
     process.export_rank_env()   # Horovod's answer, for libraries that shard by RANK/WORLD_SIZE

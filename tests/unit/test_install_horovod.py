@@ -78,7 +78,7 @@ def test_cache_key_changes_with_the_patch_set():
     edited = dict(ih.BF16_PATCHES, **{rel: ((ih.BF16_PATCHES[rel][0][0], ih.BF16_PATCHES[rel][0][1] + " "),)})
     other = ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, edited)
     assert other != ih.PATCH_SET_HASH and ih.cache_key(**base, patches=other) != ih.cache_key(**base)
-    assert ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, ih.BF16_PATCHES) == ih.PATCH_SET_HASH
+    assert ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, ih.BF16_PATCHES, ih.PERF_PATCHES) == ih.PATCH_SET_HASH
 
 
 def test_bf16_patches_apply_exactly_once_to_the_real_sources(horovod_source):
