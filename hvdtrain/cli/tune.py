@@ -45,7 +45,8 @@ def main(args: list[str]) -> int:
     else:
         # Like Ctrl-C: stop the trial jobs, record them, remove the secrets file, exit. SIGHUP too: a closed
         # terminal would otherwise end this process with no cleanup at all.
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+        # USR1: Slurm's early warning to the batch shell (--signal=B:USR1@T), which would otherwise end us at once.
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(signum, _interrupt)
     try:
         result = tune(parsed.space, config=config, **settings)

@@ -2,6 +2,7 @@
 parse and check the space, open (or resume) the study, run the trials in the chosen mode, report."""
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from hvdtrain.tracking.study_run import StudyRun
 from hvdtrain.tracking.study_run import start as start_study_run
 from hvdtrain.tuning.report import Progress, results_table, say, write_best, write_plots
 from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.slurm import in_allocation
 from hvdtrain.tuning.space import Param, check_against, load_space, parse_space
 from hvdtrain.tuning.study import Study, open_study, trial_summary, write_trials_json
 
@@ -50,12 +52,14 @@ def tune(space: str | dict[str, Any], trials: int, *, config: TrainConfig | str 
         >>> result.best_value, result.best_config
     """
     settings = TuneSettings(trials=trials, **options)
+    if settings.launcher == "srun":
+        settings = in_allocation(settings, os.environ)   # the study folder a requeue finds again
     params = load_space(space) if isinstance(space, str) else parse_space(space)
     base = config if isinstance(config, TrainConfig) else load_config(config)
     check_against(params, base)
     if settings.mode == "inprocess":
         return _inprocess(params, base, settings)
-    if process.launched():
+    if process.launched() and settings.launcher != "srun":   # Slurm's batch shell looks launched: it is not
         raise ConfigError("tune: job mode starts a horovodrun job per trial itself: run `hvdtrain tune` without "
                           "horovodrun, or add --mode inprocess to run the trials inside this Horovod job")
     study = open_study(settings)

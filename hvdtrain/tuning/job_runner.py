@@ -25,10 +25,12 @@ from hvdtrain.train.lr_schedule import scaled_lr
 from hvdtrain.tuning.devices import trial_gpus, visible_gpus, workers_per_host
 from hvdtrain.tuning.report import Progress
 from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.slurm import srun_command, step_env
 from hvdtrain.tuning.space import Param, trial_config
 from hvdtrain.tuning.study import Study, stop_leftover_job
 
 POLL_S = 0.2
+STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGUSR1)   # a worker's exit after a stop signal and its checkpoint
 
 
 @dataclass
@@ -52,7 +54,10 @@ class Job:
 
 
 def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
-    """The trial's launch command: `horovodrun -np M -H HOSTS --gloo ... python -m hvdtrain --config FILE`."""
+    """The trial's launch command: `horovodrun -np M -H HOSTS --gloo ... python -m hvdtrain --config FILE`,
+    or with --launcher srun a job step of this Slurm allocation (hvdtrain/tuning/slurm.py)."""
+    if settings.launcher == "srun":
+        return srun_command(config_file, settings)
     hosts = settings.hosts or f"localhost:{settings.np}"
     command = [horovodrun(), "-np", str(settings.np), "-H", hosts, f"--{settings.backend}",
                "--start-timeout", "120", "--disable-cache"]
@@ -74,7 +79,8 @@ def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress:
     settings = study.settings
     # Credentials reach the workers in a 0600 file beside the trials' run dirs, never on a command line; the
     # study's store URI is split with them (one with a password is a credential).
-    env, secrets_file, _ = worker_env({**os.environ, **(tracked.env if tracked else {})}, Path(settings.dir).resolve())
+    env, secrets_file, _ = worker_env({**os.environ, **(tracked.env if tracked else {}), **step_env(os.environ)},
+                                      Path(settings.dir).resolve())
     try:
         _run_all(study, space, base, progress, env, tracked)
     finally:
@@ -241,7 +247,15 @@ def _finish(job: Job, study: Study, settings: TuneSettings) -> bool:
             return True
         study.fail(trial, f"the job ended without a {settings.metric} in {summary}")
         return False
-    study.fail(trial, f"exit {code}: {error_line(Path(trial.user_attrs['log']))}")
+    why = error_line(Path(trial.user_attrs["log"]))
+    if code in STOPPED and why.startswith("hvdtrain: stopped by SIG"):
+        # Its workers were told to stop (a pre-emption's TERM, Slurm's early warning) and wrote a checkpoint:
+        # not the trial's fault. Its parameters run again from the start, which with the same seed is the
+        # same training; the tune process, if it was stopped too, ends before starting that run. (A crash
+        # can end in 143 too, srun's --kill-on-bad-exit TERMs the other workers: its error line says so.)
+        study.interrupted(trial, f"its job was stopped (exit {code}: {why})")
+        return True
+    study.fail(trial, f"exit {code}: {why}")
     return False
 
 
@@ -260,5 +274,8 @@ def error_line(log: Path) -> str:
     lines = [line for line in lines if line]
     for line in lines:
         if line.startswith("hvdtrain: error") or line.startswith("hvdtrain: rank"):
+            return line
+    for line in lines:
+        if line.startswith("hvdtrain: stopped by SIG"):
             return line
     return lines[-1] if lines else "no output"

@@ -12,6 +12,7 @@ METRICS = {"val_acc": "maximize", "val_loss": "minimize"}
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "hyperband", "none")
 BACKENDS = ("gloo", "mpi")
+LAUNCHERS = ("horovodrun", "srun")
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class TuneSettings:
     np: int = option(2, "job mode: workers per trial")
     parallel: int = option(1, "job mode: trials running at once (np x parallel processes on this host)")
     hosts: str = option("", "job mode: horovodrun -H; '' = localhost:NP")
-    backend: str = option("gloo", "job mode: horovodrun --gloo or --mpi", choices=BACKENDS)
+    backend: str = option("gloo", "job mode: Gloo or MPI (srun: --mpi=none or --mpi=pmix)", choices=BACKENDS)
+    launcher: str = option("horovodrun", "job mode: horovodrun per trial, or srun: a job step per trial inside "
+                           "this Slurm allocation", choices=LAUNCHERS)
     metric: str = option("val_acc", "held-out metric to optimise, reported after every epoch", choices=tuple(METRICS))
     sampler: str = option("tpe", "Optuna sampler", choices=SAMPLERS)
     pruner: str = option("median", "Optuna pruner; none = every trial runs all its epochs", choices=PRUNERS)
@@ -46,7 +49,7 @@ class TuneSettings:
             if getattr(self, key) < 0:
                 raise ConfigError(f"tune: {key} must be >= 0, got {getattr(self, key)}")
         for key, choices in (("mode", MODES), ("metric", tuple(METRICS)), ("sampler", SAMPLERS),
-                             ("pruner", PRUNERS), ("backend", BACKENDS)):
+                             ("pruner", PRUNERS), ("backend", BACKENDS), ("launcher", LAUNCHERS)):
             if getattr(self, key) not in choices:
                 raise ConfigError(f"tune: {key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
         if not self.dir:

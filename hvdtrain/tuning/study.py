@@ -21,6 +21,7 @@ from hvdtrain.tuning.space import Param
 JOURNAL = "study.journal"
 LOCK = "tune.lock"
 FINISHED = ("COMPLETE", "PRUNED")
+INTERRUPTED = "interrupted: "
 
 
 @dataclass
@@ -40,10 +41,19 @@ class Study:
 
     def ask(self, space: dict[str, Param], attrs: dict[str, Any]) -> Any:
         """A new trial (a queued retry first) with its parameters sampled, and `attrs` recorded on it."""
+        # A sampler seeded by the trial's place in the study, not by how many asks this process made: a study
+        # stopped and resumed (a requeued Slurm job) proposes what the uninterrupted study would have.
+        self.optuna.sampler = _sampler(self.settings, self.settings.seed + self.placed())
         trial = self.optuna.ask({key: param.distribution() for key, param in space.items()})
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         return trial
+
+    def placed(self) -> int:
+        """Trials that count as a place in the study's order: all but those an interruption failed (their
+        parameters are queued again and run in the same place)."""
+        return sum(1 for t in self.optuna.get_trials(deepcopy=False)
+                   if not str(t.user_attrs.get("error", "")).startswith(INTERRUPTED))
 
     def fail(self, trial: Any, error: str) -> None:
         trial.set_user_attr("error", error)
@@ -52,7 +62,7 @@ class Study:
     def interrupted(self, trial: Any, why: str) -> None:
         """A trial cut short by a stop or crash of the study itself: failed, and queued to run again once."""
         retried = not trial.user_attrs.get("retry_of_interrupted")   # a trial that stops us twice stays failed
-        self.fail(trial, f"interrupted: {why}" + ("; queued again" if retried else ""))
+        self.fail(trial, f"{INTERRUPTED}{why}" + ("; queued again" if retried else ""))
         if retried:
             self.optuna.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number,
                                                                 "retry_of_interrupted": True})
@@ -97,12 +107,7 @@ def open_study(settings: TuneSettings) -> Study:
     if stale_lock.exists():
         stale_lock.unlink()   # Optuna's own write lock, left by a process killed mid-write (we hold the dir)
     storage = JournalStorage(JournalFileBackend(str(journal)))
-    existing = _trial_count(storage, settings.study)
-    # A resumed study gets a fresh but reproducible seed: the same seed again would re-propose the
-    # random start-up points that the finished trials already tried.
-    sampler = (optuna.samplers.TPESampler(seed=settings.seed + existing) if settings.sampler == "tpe"
-               else optuna.samplers.RandomSampler(seed=settings.seed + existing))
-    study = optuna.create_study(study_name=settings.study, storage=storage, sampler=sampler,
+    study = optuna.create_study(study_name=settings.study, storage=storage, sampler=_sampler(settings, settings.seed),
                                 pruner=_pruner(settings), direction=settings.direction, load_if_exists=True)
     if study.direction.name.lower() != settings.direction:
         lock.close()
@@ -144,11 +149,11 @@ def _take_lock(path: Path) -> IO[str]:
     return handle
 
 
-def _trial_count(storage: Any, name: str) -> int:
-    for summary in storage.get_all_studies():
-        if summary.study_name == name:
-            return len(storage.get_all_trials(summary._study_id, deepcopy=False))
-    return 0
+def _sampler(settings: TuneSettings, seed: int) -> Any:
+    import optuna
+
+    return (optuna.samplers.TPESampler(seed=seed) if settings.sampler == "tpe"
+            else optuna.samplers.RandomSampler(seed=seed))
 
 
 def _pruner(settings: TuneSettings) -> Any:

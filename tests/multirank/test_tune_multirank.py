@@ -84,10 +84,10 @@ def test_inprocess_mode_every_rank_trains_the_same_trials_in_lockstep(tmp_path):
 
 
 def test_a_bad_region_is_pruned_and_its_workers_stop_before_the_last_epoch(tmp_path):
-    # Random sampler, seed 10: trial 0 draws lr 0.1 (learns), trial 1 lr 0.0001 (barely moves).
+    # Random sampler, seed 11: trial 0 draws lr 0.1 (learns), trial 1 lr 0.0001 (barely moves).
     space = "lr: {type: categorical, choices: [0.1, 0.0001]}\n"
     proc = run_tune(tune_command(tmp_path, space, "--trials", "2", "--np", "2", "--sampler", "random",
-                                 "--sampler-seed", "10", "--pruner-startup", "1", "--epochs", "6",
+                                 "--sampler-seed", "11", "--pruner-startup", "1", "--epochs", "6",
                                  "--batch-size", "8", "--log-interval", "5"))
     assert proc.returncode == 0, show(proc)
     rows = trials(tmp_path)

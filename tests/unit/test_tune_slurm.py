@@ -1,0 +1,98 @@
+"""`hvdtrain tune --launcher srun` without Slurm: the study folder a requeue finds, the trial's job step, the
+options srun cannot honour, and a resumed study proposing what the uninterrupted one would have."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdtrain.errors import ConfigError
+from hvdtrain.tuning.job_runner import job_command
+from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.slurm import in_allocation, srun_command, step_env
+from hvdtrain.tuning.space import parse_space
+from hvdtrain.tuning.study import open_study
+
+SPACE = parse_space({"lr": {"type": "float", "low": 0.001, "high": 0.5, "log": True},
+                     "batch_size": {"type": "categorical", "choices": [16, 32, 64]}})
+
+
+def test_the_study_folder_is_named_by_the_job_and_kept_by_a_requeue():
+    settings = TuneSettings(trials=3, dir="studies", launcher="srun")
+    first = in_allocation(settings, {"SLURM_JOB_ID": "42"})
+    requeued = in_allocation(settings, {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"})
+    assert first.dir == requeued.dir == "studies/slurm-42"
+    assert in_allocation(first, {"SLURM_JOB_ID": "42"}).dir == "studies/slurm-42"          # not nested twice
+    assert in_allocation(settings, {"SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "40",
+                                    "SLURM_ARRAY_TASK_ID": "3"}).dir == "studies/slurm-40_3"
+
+
+@pytest.mark.parametrize("options, env, words", [
+    ({}, {}, "inside one"),
+    ({"parallel": 2}, {"SLURM_JOB_ID": "7"}, "--parallel 2"),
+    ({"hosts": "a:2,b:2"}, {"SLURM_JOB_ID": "7"}, "--hosts 'a:2,b:2'"),
+    ({"mode": "inprocess"}, {"SLURM_JOB_ID": "7"}, "--mode job"),
+])
+def test_what_srun_cannot_honour_is_one_line_naming_it(options, env, words):
+    with pytest.raises(ConfigError, match="--launcher srun") as err:
+        in_allocation(TuneSettings(trials=2, launcher="srun", **options), env)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_trial_is_a_job_step_with_every_worker_started_by_srun():
+    config = Path("/s/trials/trial-0003.yaml")
+    gloo = job_command(config, TuneSettings(trials=2, np=4, launcher="srun"))
+    assert gloo == ["srun", "--ntasks=4", "--mpi=none", "--kill-on-bad-exit=1", "--job-name=trial-0003",
+                    sys.executable, "-m", "hvdtrain", "--config", str(config)]
+    assert srun_command(config, TuneSettings(trials=2, backend="mpi"))[2] == "--mpi=pmix"
+    assert job_command(config, TuneSettings(trials=2))[0].endswith("horovodrun")
+
+
+def test_srun_gets_the_jobs_cpus_per_task_unless_already_set():
+    assert step_env({"SLURM_CPUS_PER_TASK": "4"}) == {"SRUN_CPUS_PER_TASK": "4"}
+    assert step_env({"SLURM_CPUS_PER_TASK": "4", "SRUN_CPUS_PER_TASK": "2"}) == {}
+    assert step_env({}) == {}
+
+
+def test_srun_outside_slurm_is_refused_by_the_cli_in_one_line(tmp_path):
+    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 0.01, high: 0.1}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain", "tune", "--space", str(tmp_path / "space.yaml"),
+                           "--trials", "2", "--launcher", "srun", "--dir", str(tmp_path / "t")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "--launcher srun runs each trial as a job step" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_a_study_stopped_mid_trial_and_resumed_proposes_what_the_uninterrupted_one_did(tmp_path, sampler):
+    def value(params):
+        return params["lr"] * params["batch_size"]
+
+    reference = open_study(TuneSettings(trials=6, dir=str(tmp_path / "ref"), sampler=sampler, seed=5))
+    for _ in range(6):
+        trial = reference.ask(SPACE, {})
+        reference.optuna.tell(trial, value(trial.params))
+    expected = [t.params for t in reference.optuna.trials]
+    reference.close()
+
+    settings = TuneSettings(trials=6, dir=str(tmp_path / "stopped"), sampler=sampler, seed=5)
+    first = open_study(settings)
+    for _ in range(3):
+        trial = first.ask(SPACE, {})
+        first.optuna.tell(trial, value(trial.params))
+    first.ask(SPACE, {})          # left RUNNING: the process is pre-empted here
+    first.close()
+    resumed = open_study(settings)
+    assert resumed.recovered == [3]
+    while resumed.remaining():
+        trial = resumed.ask(SPACE, {})
+        resumed.optuna.tell(trial, value(trial.params))
+    rows = resumed.optuna.trials
+    assert rows[3].state.name == "FAIL" and rows[4].user_attrs["retry_of"] == 3
+    assert [t.params for t in rows if t.number != 3] == expected
+    resumed.close()
