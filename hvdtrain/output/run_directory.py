@@ -7,8 +7,11 @@ input check passed. `hvdtrain.fit` decides before the data loads and hands the s
 """
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -17,6 +20,7 @@ from typing import Any
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import UserError
 from hvdtrain.output.claim import Claim, Handover, claim, claim_new
+from hvdtrain.output.console import console
 from hvdtrain.output.run_dir import RunLog
 from hvdtrain.tracking import system
 
@@ -64,6 +68,11 @@ class RunDirectory:
         self._claim: Claim | None = None
         self._handover: Handover | None = None
         self._host_sampler: system.SystemSampler | None = None
+        self._announced = False
+
+    def record(self, config: TrainConfig) -> None:
+        """The config its files record (the Trainer's: a user's DataLoader may have set the batch size)."""
+        self.settings = dataclasses.replace(self.settings, record=config)
 
     @property
     def path(self) -> str | None:
@@ -114,6 +123,18 @@ class RunDirectory:
         self._handover = handover
         return None
 
+    def announce(self, banner: Callable[[], list[str]], resumed: str | None, *, backend: str, device: str,
+                 branch_from: int | None) -> None:
+        """Rank 0: the run's files and tracker, the banner and the resume line; once per process (an elastic
+        job's restarts call again). `branch_from`: the step a resume that may log other values starts at."""
+        if self._announced:
+            return
+        self._announced = True
+        self.open_log(backend=backend, device=device, branch_from=branch_from)
+        console.banner(banner())
+        if resumed:
+            console.line(f"hvdtrain: {resumed}")
+
     def open_log(self, *, backend: str, device: str, branch_from: int | None) -> RunLog | None:
         """Rank 0: the run's files and tracker, once per process."""
         if self.log is None and self.path:
@@ -140,6 +161,16 @@ class RunDirectory:
             if held is not None:
                 held.release()
         self._handover = self._claim = None
+
+    @contextmanager
+    def closed_on_error(self, *, owned: bool) -> Iterator[None]:
+        """Close it if the block raises and it is `owned` (made by the one who opens it, not handed in)."""
+        try:
+            yield
+        except BaseException:
+            if owned:
+                self.close()
+            raise
 
     def __enter__(self) -> RunDirectory:
         return self

@@ -1,7 +1,8 @@
-"""Elastic training (horovodrun --min-np/--max-np, Gloo): everything it adds to the loop, in one place.
+"""How the loop is run: in one go (LocalRun), or elastically (ElasticRun: horovodrun --min-np/--max-np, Gloo),
+with everything elastic training adds to the loop in one place.
 
-A component, as torchtitan's fault tolerance is: the Trainer hands it the model, the optimizer and a
-`Loop` (the few public methods below) and calls `run` (instead of training directly) and `commit`.
+A component, as torchtitan's fault tolerance is: the Trainer picks one, hands it the model, the optimizer and
+`LoopHooks` (a few of its own methods) and calls `run` (instead of training directly), `commit` and `watching`.
 Workers that join a running job make no collective call before the state's first sync, so rank 0's
 run-directory verdict and checkpoint ride in the state (`start`), and each (re)start adopts them.
 """
@@ -9,18 +10,21 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from hvdtrain.distributed import collectives, elastic_state, runtime
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.distributed import collectives, driver_heartbeat, elastic_state, peer_watch, runtime
 from hvdtrain.errors import UserError
 from hvdtrain.output.console import console
 from hvdtrain.output.run_directory import RunDirectory, Verdict
 from hvdtrain.train import checkpoint
+from hvdtrain.train.checkpointer import Checkpointer
 from hvdtrain.train.progress import Progress
 
 # Set by `hvdtrain launch` to its --start-timeout: how long a job may wait below --min-np for hosts. Its
@@ -36,39 +40,83 @@ WATCHED_ENV = "HVDTRAIN_ELASTIC_WATCHED"
 GIVE_UP_EXTRA_S = 30.0
 
 
-class Loop(Protocol):
-    """What the elastic component needs from the training loop (the Trainer provides it)."""
+@dataclass(frozen=True)
+class ElasticSettings:
+    """What running the loop reads of the config."""
 
-    def train_until(self, p: Progress, end_epoch: int) -> None:
-        """Train from wherever `p` stands; calls `commit` along the way."""
+    elastic: bool           # --elastic: ElasticRun, else LocalRun
+    commit_steps: int       # an elastic commit every N steps (and at every epoch's end)
+    peer_timeout_s: int     # a rank silent this long ends the job (LocalRun) or is dropped by the driver
 
-    def start_run(self, found: dict[str, Any] | None, p: Progress, end_epoch: int) -> None:
-        """Adopt rank 0's resumed checkpoint (raises its UserError)."""
+    @classmethod
+    def of(cls, config: TrainConfig) -> ElasticSettings:
+        return cls(config.elastic, config.commit_steps, config.peer_timeout_s)
 
-    def resize(self, world: runtime.World) -> None:
-        """Re-shard the data and rescale the LR for a new set of workers."""
 
-    def zero_stats(self) -> torch.Tensor:
-        """Empty metric sums in this run's layout."""
+@dataclass(frozen=True)
+class LoopHooks:
+    """What running the loop needs from it (the Trainer hands these of its own methods)."""
 
-    def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
-        """Write `p` as rank 0 would, with each rank's (RNG state, metric sums); returns the path.
-        replace=False: None, writing nothing, where this step's checkpoint exists or is being written."""
+    train: Callable[[Progress, int], None]       # from wherever the progress stands to end_epoch; commits on the way
+    begin: Callable[[dict[str, Any] | None, Progress, int | None], None]   # adopt what rank 0 read to resume (or None)
+    resize: Callable[[runtime.World], None]      # re-shard the data and rescale the LR for a new set of workers
+    zero_stats: Callable[[], torch.Tensor]       # empty metric sums in this run's layout
+    check_work_left: Callable[[Progress, int], None]   # a UserError when a resumed run has nothing left to train
+
+
+class LocalRun:
+    """The loop in one go on a fixed set of workers; every rank watches every other (distributed/peer_watch.py).
+    Args as ElasticRun's."""
+
+    def __init__(self, settings: ElasticSettings, hooks: LoopHooks, run_dir: RunDirectory, checkpointer: Checkpointer,
+                 model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.settings, self.hooks, self.run_dir, self.checkpointer = settings, hooks, run_dir, checkpointer
+        self.model, self.optimizer = model, optimizer
+
+    @staticmethod
+    def claim_early(run_dir: RunDirectory, *, is_root: bool) -> None:
+        """hvdtrain.fit, before the data loads: a run refused its folder stops before loading anything."""
+        verdict = run_dir.decide() if is_root else None
+        refused = collectives.broadcast_object(verdict and verdict.error, name="run_dir_claim")
+        if refused:
+            raise UserError(refused)
+
+    def open(self, progress: Progress, *, is_root: bool) -> None:
+        """Rank 0's run-directory verdict and resumed checkpoint, for every rank; then one start everywhere."""
+        verdict = self.run_dir.decide() if is_root else None
+        # Horovod: rank 0's verdict for all (a refusal raises on every rank alike).
+        self.run_dir.adopt(collectives.broadcast_object(verdict, name="run_dir_plan"), is_root=is_root)
+        self.hooks.begin(self.checkpointer.share_resume(self.run_dir.path, is_root=is_root), progress, None)
+        collectives.broadcast_state(self.model, self.optimizer)   # Horovod: identical start everywhere
+
+    def watching(self) -> AbstractContextManager[Any]:
+        """Horovod: a host cut off or a frozen rank ends the job with one line naming it, never a hang."""
+        return peer_watch.watching(self.settings.peer_timeout_s)
+
+    def run(self, progress: Progress, end_epoch: int) -> Progress:
+        self.hooks.check_work_left(progress, end_epoch)
+        self.hooks.train(progress, end_epoch)
+        return progress
+
+    def commit(self, p: Progress, *, step: bool = False) -> None:
+        """Nothing to commit: a failure ends the job (and --resume goes on from its checkpoint)."""
 
 
 class ElasticRun:
     """Args:
-        loop: the training loop to run elastically.
+        settings: ElasticSettings.of(config).
+        hooks: the training loop's hooks.
         run_dir: the run directory, whose verdict each (re)start adopts and whose lock follows rank 0.
+        checkpointer: writes the last commit while the world re-forms.
         model, optimizer: what Horovod's state saves on commit and restores after a failure.
-        start: {"plan": rank 0's run-dir Verdict (None elsewhere), "resume": what rank 0 read (or None)}.
     """
 
-    def __init__(self, loop: Loop, run_dir: RunDirectory, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 start: dict[str, Any]) -> None:
-        self.loop, self.run_dir = loop, run_dir
+    def __init__(self, settings: ElasticSettings, hooks: LoopHooks, run_dir: RunDirectory, checkpointer: Checkpointer,
+                 model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.settings, self.hooks, self.run_dir, self.checkpointer = settings, hooks, run_dir, checkpointer
         self.model, self.optimizer = model, optimizer
-        self.start = start
+        # {"plan": rank 0's run-dir Verdict (None elsewhere), "resume": what rank 0 read (or None)}
+        self.start: dict[str, Any] = {"plan": None, "resume": None}
         self.rank = 0                       # for messages while the world re-forms (Horovod is down then)
         self.state: Any = None
         self._own_stats: Any = None
@@ -78,6 +126,18 @@ class ElasticRun:
         # The timers' callbacks act only while the world is re-forming, and training waits for one that runs.
         self._reset_lock = threading.Lock()
         self._resetting = False
+
+    @staticmethod
+    def claim_early(run_dir: RunDirectory, *, is_root: bool) -> None:
+        """Nothing before the data loads: a joining worker makes no collective call before the first sync."""
+
+    def open(self, progress: Progress, *, is_root: bool) -> None:
+        """Horovod elastic: no collective call here (a joining worker makes none before the first sync), so rank
+        0's verdict and checkpoint (its weights loaded now, its progress at the first start) ride in the state."""
+        verdict = self.run_dir.decide() if is_root else None
+        if verdict is not None and not verdict.error:
+            self.start["resume"] = self.checkpointer.read_on_root(verdict.path)
+        self.start["plan"] = verdict
 
     def run(self, progress: Progress, end_epoch: int) -> Progress:
         """Train until end_epoch, surviving workers that leave or join; returns where training ended."""
@@ -93,11 +153,19 @@ class ElasticRun:
     def _attempt(self, state: Any, end_epoch: int) -> None:
         p = state.progress.copy()
         self._begin(p, end_epoch)
-        self.loop.train_until(p, end_epoch)
+        self.hooks.train(p, end_epoch)
         self._final = p
 
-    def commit(self, p: Progress) -> None:
-        """Save the state; Horovod may raise here to admit new hosts (then the loop restarts)."""
+    def watching(self) -> AbstractContextManager[Any]:
+        """Horovod: each worker beats to `hvdtrain launch`'s driver, which drops a silent one and goes on
+        (launcher/worker_watch.py)."""
+        return driver_heartbeat.beating(self.settings.peer_timeout_s)
+
+    def commit(self, p: Progress, *, step: bool = False) -> None:
+        """Save the state at every epoch's end and every --commit-steps steps (`step`: called after a step);
+        Horovod may raise here to admit new hosts (then the loop restarts)."""
+        if step and p.step % self.settings.commit_steps:
+            return
         self.state.progress = p.copy()
         self.state.commit()
 
@@ -110,9 +178,9 @@ class ElasticRun:
         # On every rank at once (the verdict came by the sync); rank 0 may be another process than at the start.
         self.run_dir.adopt(plan or Verdict(), is_root=runtime.world().is_root)
         self._hold_run_dir(plan)
-        p.stats = self._own_stats if self._own_stats is not None else self.loop.zero_stats()
+        p.stats = self._own_stats if self._own_stats is not None else self.hooks.zero_stats()
         self._own_stats = None
-        self.loop.start_run(found, p, end_epoch)
+        self.hooks.begin(found, p, end_epoch)
         if found is not None:
             state.start = {"plan": plan, "resume": None}  # once: a worker joining later takes the synced state
         # Horovod commits only in commit(): without this, a failure before the first commit would restore
@@ -141,7 +209,7 @@ class ElasticRun:
         if lost > 0 and committed.position and world.is_root:
             console.error(f"note: {lost} worker(s) left in epoch {committed.epoch + 1}: its train metrics leave out "
                           "their share of the samples so far (train_samples in metrics.jsonl says how many count)")
-        self.loop.resize(world)
+        self.hooks.resize(world)
 
     def _note_world(self) -> None:
         world = runtime.world()
@@ -194,7 +262,7 @@ class ElasticRun:
             return
         self._claim = claim
         # This rank's RNG state and metric sums alone: the file reads as a one-worker run (see resume.py).
-        path = self.loop.write_checkpoint(p, [(checkpoint.rng_state(), p.stats)], replace=False)
+        path = self.checkpointer.save(p, [(checkpoint.rng_state(), p.stats)], replace=False)
         if path is None:   # rank 0's, from all workers, is there or on its way: it holds more than ours
             console.error(f"note: rank {self.rank} left the last commit (step {p.step}) to rank 0's checkpoint")
             return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 def scaled_lr(base_lr: float, size: int, policy: str) -> float:
@@ -24,3 +25,18 @@ def lr_at(step: int, base_lr: float, target_lr: float, warmup_steps: int, total_
     if decay == "cosine":
         return target_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
     return target_lr * 0.1 ** ((progress >= 0.5) + (progress >= 0.75))
+
+
+def schedule_steps(fit_step: int, position: int, epochs_left: int, steps_per_epoch: int, global_batch: int,
+                   steps_left: int | None = None) -> int:
+    """The step the LR schedule ends at: this fit's steps so far, plus the rest of the current epoch (`position`
+    samples of it trained, `global_batch` samples a step) and `epochs_left` - 1 more, or `steps_left` if fewer.
+    Planned at every (re)start: after an elastic reset the same epochs take a different number of steps."""
+    todo = epochs_left * steps_per_epoch - -(-position // global_batch)
+    return fit_step + (min(todo, steps_left) if steps_left is not None else todo)
+
+
+def set_lrs(optimizer: Any, base_lrs: list[float], factor: float) -> None:
+    """Every param group's LR: its one-worker LR (as the user built it) times this step's factor."""
+    for group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
+        group["lr"] = base_lr * factor

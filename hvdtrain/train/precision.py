@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import UserError
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -31,3 +34,37 @@ def autocast(precision: str, device: torch.device) -> AbstractContextManager:
 def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
     """fp16 only: float16 gradients underflow without loss scaling; bf16 has float32's range."""
     return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+@dataclass(frozen=True)
+class PrecisionSettings:
+    """What the precision component reads of the config."""
+
+    precision: str          # fp32, bf16 or fp16
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> PrecisionSettings:
+        return cls(config.precision)
+
+
+class Precision:
+    """Autocast for the forward pass and, with fp16, the loss scaler, whose scale is its state (checkpointed)."""
+
+    def __init__(self, settings: PrecisionSettings, device: torch.device) -> None:
+        check_precision(settings.precision, device)
+        self.settings, self.device = settings, device
+        self.scaler = make_scaler(settings.precision, device)
+
+    def autocast(self) -> AbstractContextManager:
+        return autocast(self.settings.precision, self.device)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward() on: scaled with fp16, so small gradients do not underflow."""
+        return self.scaler.scale(loss) if self.scaler else loss
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.scaler.state_dict() if self.scaler else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from hvdtrain.errors import UserError
+
 
 @dataclass
 class Progress:
@@ -31,3 +33,9 @@ class Progress:
 
     def copy(self) -> Progress:
         return dataclasses.replace(self)
+
+    def check_work_left(self, end_epoch: int, max_steps: int) -> None:
+        """A one-line UserError when a resumed run has nothing left to train up to `end_epoch` (or max_steps)."""
+        if (not self.position and self.epoch >= end_epoch) or (max_steps and self.step >= max_steps):
+            raise UserError(f"nothing to do: the run already finished {self.epoch} of {end_epoch} epochs "
+                            f"({self.step} steps); raise --epochs (or --max-steps) to train longer")

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data import fingerprint
 from hvdtrain.distributed import runtime
 from hvdtrain.errors import UserError, first_line
@@ -66,12 +65,14 @@ def _differ(a: Any, b: Any) -> bool:
         return False
 
 
-def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Module,
-                  optimizer: torch.optim.Optimizer, data: dict[str, Any] | None = None) -> dict[str, Any]:
+def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_path: str | None,
+                 model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Load weights into this rank's model and optimizer; return what the other ranks need.
-    `data`: this run's data fingerprint (data/fingerprint.py), compared with the checkpoint's."""
+    `resume`: --resume; `config`: this run's (as a dict), compared with the checkpoint's; `changed_data`:
+    --resume-changed-data; `data`: this run's data fingerprint (data/fingerprint.py), compared with the checkpoint's."""
     notes: list[str] = []
-    if config.resume == "auto":
+    if resume == "auto":
         directory = checkpoint.checkpoint_dir(run_path or "")
         try:    # a checkpoint of another version, or storage that fails: an error on every rank, not a fresh start
             payload, path, notes = checkpoint.find_latest(directory)
@@ -80,17 +81,17 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
         if payload is None:
             return {"payload": None, "note": "; ".join(notes + [f"no checkpoint in {directory}: starting fresh"])}
     else:
-        path = Path(config.resume)
+        path = Path(resume)
         try:
             payload = checkpoint.load(path)
         except UserError as err:
             return {"error": str(err)}
-    conflict = config_conflict(payload.get("config") or {}, config.to_dict(),
+    conflict = config_conflict(payload.get("config") or {}, config,
                                mid_epoch=bool(payload.get("progress", {}).get("position")))
     if conflict:
         return {"error": f"--resume {path}: {conflict}"}
     data_change = fingerprint.changed(payload.get("data"), data)
-    if data_change and config.resume_changed_data != "accept":
+    if data_change and changed_data != "accept":
         return {"error": f"--resume {path}: the data changed since the checkpoint ({data_change}): resuming would "
                          "draw another shuffle and held-out split; pass --resume-changed-data accept to resume "
                          "anyway, or start a new run (another --name, no --resume)"}
@@ -106,7 +107,7 @@ def read_on_root(config: TrainConfig, run_path: str | None, model: torch.nn.Modu
         return {"error": f"checkpoint {path} does not fit this model/optimizer ({first_line(err)}); it was "
                          f"written with --model {made_with}: use the same model and optimizer, or another checkpoint"}
     old_lr = (payload.get("config") or {}).get("lr")
-    new_lr = [f"lr {old_lr} -> {config.lr}"] if old_lr is not None and _differ(old_lr, config.lr) else []
+    new_lr = [f"lr {old_lr} -> {config['lr']}"] if old_lr is not None and _differ(old_lr, config["lr"]) else []
     changed = restore_hyperparameters(optimizer.param_groups, wanted, new_lr)
     if changed:
         notes.append(changed)

@@ -184,7 +184,7 @@ def test_an_elastic_reset_keeps_counting_steps_of_accumulated_micro_batches(one_
     trainer = Trainer(build_model(config, (1, 8, 8), 10), data.train, data.val, config=config)
     before = trainer.steps_per_epoch
     assert before == steps_per_epoch(len(data.train), 1, config.batch_size, accumulate=4)
-    trainer.resize(runtime.world())  # what an elastic reset does after workers join or leave
+    trainer.driver.hooks.resize(runtime.world())  # what an elastic reset does after workers join or leave
     assert trainer.steps_per_epoch == before
 
 
@@ -203,10 +203,10 @@ def test_fp16_loss_scaler_skips_overflows_and_is_checkpointed(tmp_path, monkeypa
     CPU machine. A huge initial scale overflows for several steps in a row: more than nonfinite_limit,
     yet the run must not abort (the scaler halves the scale), and must still learn.
     """
-    import hvdtrain.train.trainer as trainer_module
+    import hvdtrain.train.precision as precision_module
 
-    monkeypatch.setattr(trainer_module, "check_precision", lambda precision, device: None)
-    monkeypatch.setattr(trainer_module, "make_scaler",
+    monkeypatch.setattr(precision_module, "check_precision", lambda precision, device: None)
+    monkeypatch.setattr(precision_module, "make_scaler",
                         lambda precision, device: torch.amp.GradScaler("cpu", init_scale=2.0 ** 28))
     config = load_config(None, [*MLP, "--epochs", "3", "--precision", "fp16", "--nonfinite-limit", "3",
                                 "--run-dir", str(tmp_path), "--name", "fp16"])
@@ -220,7 +220,8 @@ def test_fp16_loss_scaler_skips_overflows_and_is_checkpointed(tmp_path, monkeypa
                                  "--name", "fp16", "--resume", "auto"])
     data = build_data(resumed)
     trainer = Trainer(build_model(resumed, (1, 8, 8), 10), data.train, data.val, config=resumed)
-    assert trainer.scaler is not None and trainer.scaler.get_scale() == ckpt["scaler"]["scale"]
+    assert trainer.precision.scaler is not None and trainer.precision.scaler.get_scale() == ckpt["scaler"]["scale"]
+    trainer.close()
 
 def test_run_directory_has_curves_png_step_time_and_best_weights(tmp_path, capsys, one_worker):
     from matplotlib.image import imread

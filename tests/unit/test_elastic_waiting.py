@@ -11,18 +11,19 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.environment.process import Process
 from hvdtrain.output.run_directory import RunDirectory, RunDirSettings, Verdict
 from hvdtrain.train import checkpoint, elastic
-from hvdtrain.train.elastic import ElasticRun
+from hvdtrain.train.elastic import ElasticRun, ElasticSettings, LoopHooks
 from hvdtrain.train.progress import Progress
 
 
 class FakeLoop:
-    """Writes as Trainer.write_checkpoint does, with a marker telling the survivor's file from rank 0's."""
+    """Writes as Checkpointer.save does, with a marker telling the survivor's file from rank 0's; resizes as the
+    Trainer's hook does."""
 
     def __init__(self, run_path: Path) -> None:
         self.run_path = run_path
         self.resized: list[int] = []
 
-    def write_checkpoint(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
+    def save(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
         writer = checkpoint.save if replace else checkpoint.save_new
         path = writer(checkpoint.checkpoint_dir(self.run_path), p.step,
                       {"progress": p.values(stats=False), "workers": len(per_rank)}, 3)
@@ -35,8 +36,10 @@ class FakeLoop:
 def survivor(tmp_path: Path, step: int = 10) -> tuple[ElasticRun, FakeLoop]:
     loop = FakeLoop(tmp_path)
     run_dir = RunDirectory(RunDirSettings.of(TrainConfig(run_dir="")))
-    run = ElasticRun(loop, run_dir, torch.nn.Linear(1, 1), torch.optim.SGD([torch.zeros(1)], lr=0.1),  # type: ignore[arg-type]
-                     {})
+    hooks = LoopHooks(train=lambda p, end: None, begin=lambda found, p, end: None, resize=loop.resize,
+                      zero_stats=lambda: torch.zeros(3), check_work_left=lambda p, end: None)
+    run = ElasticRun(ElasticSettings(True, 1, 45), hooks, run_dir, loop,  # type: ignore[arg-type]
+                     torch.nn.Linear(1, 1), torch.optim.SGD([torch.zeros(1)], lr=0.1))
     run.state = type("State", (), {})()
     run.state.start = {"plan": Verdict(str(tmp_path))}
     run.state.progress = Progress(step=step, position=40, stats=torch.zeros(3))
@@ -45,7 +48,7 @@ def survivor(tmp_path: Path, step: int = 10) -> tuple[ElasticRun, FakeLoop]:
 
 def test_the_last_commit_save_never_replaces_an_all_worker_checkpoint(tmp_path):
     run, loop = survivor(tmp_path)
-    loop.write_checkpoint(run.state.progress, [("rng", "stats")] * 4)        # rank 0's, from all 4 workers
+    loop.save(run.state.progress, [("rng", "stats")] * 4)        # rank 0's, from all 4 workers
     run._save_while_waiting()
     saved = torch.load(tmp_path / "checkpoints" / "ckpt-000000010.pt", weights_only=True)
     assert saved["workers"] == 4

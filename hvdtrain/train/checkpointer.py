@@ -1,0 +1,115 @@
+"""The checkpointer: what a checkpoint holds (the payload; its keys are the file format, unchanged), when one
+is written, and reading one on rank 0 to resume. Built from its own settings section of the config."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.data.fingerprint import fingerprint
+from hvdtrain.data.shard_source import Resplits
+from hvdtrain.distributed import collectives, runtime
+from hvdtrain.output.plain_weights import plain_state_dict
+from hvdtrain.output.run_directory import RunDirectory
+from hvdtrain.train import checkpoint
+from hvdtrain.train.precision import Precision
+from hvdtrain.train.progress import Progress
+from hvdtrain.train.resume import apply_resume, read_on_root
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """What the checkpointer reads of the config."""
+
+    steps: int              # --checkpoint-steps (0: none mid-epoch)
+    epochs: int             # --checkpoint-epochs
+    keep: int               # --keep-checkpoints
+    on_stop: bool           # --checkpoint-on-stop
+    resume: str             # --resume: 'auto', a path, or ''
+    changed_data: str       # --resume-changed-data
+    record: dict[str, Any]  # the whole config: saved in the payload, compared with a checkpoint's on resume
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> CheckpointSettings:
+        return cls(config.checkpoint_steps, config.checkpoint_epochs, config.keep_checkpoints,
+                   config.checkpoint_on_stop, config.resume, config.resume_changed_data, config.to_dict())
+
+
+class Checkpointer:
+    """Args:
+        settings: CheckpointSettings.of(config).
+        run: the run directory (checkpoints go under it; none without one).
+        model, optimizer: saved and, on resume, loaded (the optimizer Horovod wrapped).
+        precision: its loss scale, if any, is saved and restored.
+        data: (train, held-out) data, fingerprinted where a checkpoint is written or read.
+    """
+
+    def __init__(self, settings: CheckpointSettings, run: RunDirectory, model: torch.nn.Module, optimizer: Any,
+                 precision: Precision, data: tuple[Any, Any]) -> None:
+        self.settings, self.run = settings, run
+        self.model, self.optimizer, self.precision, self.data = model, optimizer, precision, data
+        self.scaler = precision.scaler
+
+    @functools.cached_property
+    def data_fingerprint(self) -> dict[str, Any]:
+        """The data this run trains on; once, where a checkpoint is read or written (a stat of every image
+        file: not on every rank)."""
+        return fingerprint(*self.data)
+
+    def due_at_step(self, step: int) -> bool:
+        return bool(self.settings.steps) and step % self.settings.steps == 0
+
+    def due_at_epoch(self, epoch: int) -> bool:
+        return bool(self.settings.epochs) and epoch % self.settings.epochs == 0
+
+    def read_on_root(self, run_path: str | None) -> dict[str, Any] | None:
+        """Rank 0: with --resume, load the checkpoint's weights here and return what the other ranks need."""
+        if not self.settings.resume:
+            return None
+        return read_on_root(self.settings.resume, self.settings.record, self.settings.changed_data, run_path,
+                            self.model, self.optimizer, self.data_fingerprint)
+
+    def adopt(self, found: dict[str, Any] | None, p: Progress, world: runtime.World, loader_rng: torch.Generator,
+              resplit: Callable[[Resplits, int, int], Resplits]) -> str | None:
+        """Every rank: its share of what rank 0 read (progress, RNG states, metric sums, the loss scale), the
+        epoch's rest re-split by the shard source (`resplit`) where the workers changed; the line to show."""
+        if found is None:
+            return None
+        resumed = apply_resume(found, p, world, self.scaler, loader_rng)
+        if found.get("payload"):  # before the resume line claims anything
+            p.resplits = resplit(p.resplits, p.position, found["payload"]["world_size"])
+        return resumed
+
+    def share_resume(self, run_path: str | None, *, is_root: bool) -> dict[str, Any] | None:
+        """Every rank: what rank 0 read to resume (None without --resume)."""
+        if not self.settings.resume:
+            return None
+        found = self.read_on_root(run_path) if is_root else None
+        return collectives.broadcast_object(found, name="resume")   # Horovod: rank 0's reading for all
+
+    def gather_and_save(self, p: Progress, loader_rng: torch.Tensor, *, is_root: bool) -> str | None:
+        """A collective: every rank contributes its RNG state and metric sums; rank 0 writes."""
+        if not self.run.path:
+            return None
+        per_rank = collectives.allgather_object((checkpoint.rng_state(loader_rng), p.stats),
+                                                name="checkpoint_gather")
+        return self.save(p, per_rank) if is_root else None
+
+    def save(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
+        """Write as rank 0, with each rank's (RNG state, metric sums); one entry reads as a 1-worker run.
+        replace=False (an elastic survivor): nothing where this step's checkpoint exists or is being written."""
+        if not self.run.path:
+            return None
+        scaler = self.precision.state_dict()
+        payload = {"model": plain_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
+                   "progress": p.values(stats=False), "world_size": len(per_rank),
+                   "rng": [r for r, _ in per_rank], "stats": [s for _, s in per_rank],
+                   "config": self.settings.record, "data": self.data_fingerprint,
+                   **({"scaler": scaler} if scaler is not None else {})}
+        writer = checkpoint.save if replace else checkpoint.save_new
+        path = writer(checkpoint.checkpoint_dir(self.run.path), p.step, payload, self.settings.keep)
+        return str(path) if path else None
