@@ -12,7 +12,8 @@ from conftest import ROOT
 
 PAGE = ROOT / "docs" / "slurm.md"
 RUN_BY = [ROOT / "tests" / "cluster" / "test_slurm.py", ROOT / "tests" / "cluster" / "test_slurm_hosts.py",
-          ROOT / "examples" / "cluster" / "slurm.sbatch"]
+          ROOT / "tests" / "cluster" / "test_slurm_tune.py", ROOT / "examples" / "cluster" / "slurm.sbatch",
+          ROOT / "examples" / "cluster" / "tune.sbatch"]
 SLURM = ("sbatch", "srun", "scancel", "scontrol")
 BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
 
@@ -28,7 +29,7 @@ def unused(line: str, haystack: str) -> list[str]:
     """What a command line names that the tests never use: flags and words up to the trainer's arguments."""
     missing = []
     for word in shlex.split(line):
-        if word.endswith(("slurm.sbatch", "/python")):
+        if word.endswith(("slurm.sbatch", "tune.sbatch", "/python")):
             break                                   # the rest goes to the trainer
         if word in ("export", "JOBID") or word.startswith(".venv/"):
             continue
