@@ -216,8 +216,10 @@ def main() -> None:
                         "e.g. '--nonfinite-limit 0'")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (hvdtrain: its --compile)")
     args = parser.parse_args()
+    # BENCH_COMPILE=1 in a benchmarks.ab setting compiles that setting alone (eager and compiled alternated)
+    args.compile = args.compile or os.environ.get("BENCH_COMPILE") == "1"
     if args.compile and args.variant == "hvdtrain":
-        args.hvdtrain_args = f"{args.hvdtrain_args} --compile".strip()
+        args.hvdtrain_args = f"{args.hvdtrain_args} --compile true".strip()
     result = run_sweep(args) if args.variant.startswith("bw-") else run_steps(args)
     if args.result and os.environ.get("BENCH_IFACE") and result.get("tx_bytes_per_step") is not None:
         # every rank's own counter (benchmarks.network): the hosts share this filesystem
