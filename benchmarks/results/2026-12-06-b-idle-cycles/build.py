@@ -1,8 +1,11 @@
 """Build horovod 0.28.1 + hvdtrain's C++17/gcc13 fixes + scripts/horovod_perf.py into /tmp/Evenv."""
-import sys, pathlib
+import pathlib
+import sys
+
 sys.path.insert(0, "/work/main/scripts")
 import install_horovod as ih
-from horovod_perf import PERF_PATCHES, PERF_MARKER
+from horovod_perf import PERF_MARKER, PERF_PATCHES
+
 src = pathlib.Path("/tmp/E/src")
 ih.apply_gcc13_fix(src)
 ih.apply_cxx17_fix(src)
