@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain.errors import ConfigError
-from hvdtrain.tuning.job_runner import job_command
+from hvdtrain.tuning.job_runner import error_line, job_command
 from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.slurm import in_allocation, srun_command, step_env
 from hvdtrain.tuning.space import parse_space
@@ -96,3 +96,15 @@ def test_a_study_stopped_mid_trial_and_resumed_proposes_what_the_uninterrupted_o
     assert rows[3].state.name == "FAIL" and rows[4].user_attrs["retry_of"] == 3
     assert [t.params for t in rows if t.number != 3] == expected
     resumed.close()
+
+
+def test_a_trial_log_tells_a_stop_with_a_checkpoint_from_a_crash(tmp_path):
+    """What _finish reads to queue a trial stopped by a signal again (exit 143 alone is also srun's answer when
+    --kill-on-bad-exit TERMs the workers of a crashed step)."""
+    stopped, crashed = tmp_path / "stopped.log", tmp_path / "crashed.log"
+    stopped.write_text("hvdtrain: 2 worker(s) (MPI, cpu)\nhvdtrain: stopped by SIGTERM at step 12; checkpoint c.pt\n"
+                       "srun: error: hvdtnode: tasks 0-1: Exited with exit code 143\n")
+    crashed.write_text("hvdtrain: error: the step's first node 'n1' does not resolve here\n"
+                       "hvdtrain: stopped by SIGTERM at step 3\nsrun: error: tasks 0-1: Exited with exit code 143\n")
+    assert error_line(stopped).startswith("hvdtrain: stopped by SIGTERM at step 12")
+    assert error_line(crashed).startswith("hvdtrain: error: the step's first node")
