@@ -130,7 +130,8 @@ def compress(run: FinishedRun, opts: CompressOptions, model: nn.Module, config: 
     say(opts, f"distilling into {opts.student} (hidden {opts.student_hidden}, "
               f"{measure.count_params(model):,} parameters) for {config.epochs} epoch(s)")
     # The teacher's logits ride in the targets, so the Trainer's own accuracy would not recognise the labels.
-    distilled = Trainer(model, targets, run.data.val, loss_fn=loss, metrics=[LabelAccuracy()], config=config).fit()
+    with Trainer(model, targets, run.data.val, loss_fn=loss, metrics=[LabelAccuracy()], config=config) as trainer:
+        distilled = trainer.fit()
     details: dict[str, Any] = {
         "student": opts.student, "student_hidden": opts.student_hidden, "temperature": opts.temperature,
         "alpha": opts.alpha, "epochs": config.epochs, "lr": config.lr, "workers": distilled.summary.get("workers"),
@@ -141,7 +142,8 @@ def compress(run: FinishedRun, opts: CompressOptions, model: nn.Module, config: 
         say(opts, "training the same student without the teacher (same epochs, LR, seed)")
         plain = copy.deepcopy(model)
         plain.load_state_dict(initial)
-        baseline = Trainer(plain, run.data.train, run.data.val, config=config).fit()
+        with Trainer(plain, run.data.train, run.data.val, config=config) as trainer:
+            baseline = trainer.fit()
         details["baseline_val_acc"] = [r.get("val_acc") for r in baseline]
         outcome.extra.append(("student (no teacher)", plain.cpu().eval()))
     return outcome

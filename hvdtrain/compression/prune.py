@@ -34,7 +34,8 @@ def compress(run: FinishedRun, opts: CompressOptions) -> Outcome:
     config = follow_up_config(run.config, epochs=epochs, lr=opts.lr or run.config.lr, warmup_epochs=0)
     say(opts, f"pruned {', '.join(lines)}; held-out accuracy before fine-tuning {before:.4f}; "
               f"fine-tuning {epochs} epoch(s)")
-    history = Trainer(pruned, run.data.train, run.data.val, config=config).fit()
+    with Trainer(pruned, run.data.train, run.data.val, config=config) as trainer:   # gives the run folder back
+        history = trainer.fit()
     details = {"sparsity": opts.sparsity, "pruned_layers": lines, "val_acc_before_finetune": before,
                "finetune": {"epochs": epochs, "lr": config.lr, "workers": history.summary.get("workers"),
                             "val_acc": [r.get("val_acc") for r in history],

@@ -58,7 +58,8 @@ def train_on_store(job: DataFrameJob) -> dict[str, Any]:
     trainer = Trainer(model, train, val, config=config, loss_fn=job.loss_fn, metrics=job.metrics)
     train.rows_read = 0     # count what training reads, not the first-batch probes
     _reset_peak_rss()
-    history = trainer.fit()
+    with trainer:           # gives the run folder back
+        history = trainer.fit()
     world = runtime.world()
     report = {"rank": world.rank, "input_width": width, "train_rows_read": train.rows_read,
               "val_rows_read": val.rows_read if val else 0, "digest": param_digest(trainer.model),

@@ -118,7 +118,8 @@ def _run_trial(trial: Any, number: int, params: dict[str, Any], base: TrainConfi
         torch.manual_seed(config.seed)
         data = build_data(config)
         model = build_model(config, tuple(data.train[0][0].shape), data.num_classes)
-        history = Trainer(model, data.train, data.val, config=config).fit(after_epoch=after_epoch)
+        with Trainer(model, data.train, data.val, config=config) as trainer:   # gives the run folder back
+            history = trainer.fit(after_epoch=after_epoch)
         outcome = {"value": history.summary.get(settings.metric), "pruned_at": len(verdicts) - 1
                    if verdicts and verdicts[-1] else None}
     except UserError as err:    # a bad combination or a diverged run: the same verdict on every rank
