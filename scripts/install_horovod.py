@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from horovod_bf16 import BF16_BINDING, BF16_MARKER, BF16_PATCHES, patch_set_hash
-from horovod_perf import PERF_MARKER, PERF_PATCHES
+from horovod_perf import IDLE_ENV, PERF_MARKER, PERF_PATCHES
 
 HOROVOD_VERSION = "0.28.1"
 CXX17_MARKER = "# hvdtrain: C++17 fix for torch >= 2.1"
@@ -515,12 +515,14 @@ def verify(python: str, expected: tuple[str, ...] = EXPECTED_BUILD) -> str:
 
 
 def installed_matches(python: str, torch_version: str) -> bool:
-    """Horovod HOROVOD_VERSION is installed, imports, has hvdtrain's bfloat16 patch, and was built against this very
-    torch: its metadata.json names the torch it was compiled with (a torch upgrade or a CPU/CUDA switch must
-    rebuild it)."""
+    """Horovod HOROVOD_VERSION is installed, imports, carries hvdtrain's patches (the bfloat16 binding; the idle-cycle
+    variable's name compiled into the extension: a wheel built before either landed must be rebuilt), and was built
+    against this very torch: its metadata.json names the torch it was compiled with (a torch upgrade or a CPU/CUDA
+    switch must rebuild it)."""
     code = ("import horovod, horovod.torch, horovod.torch.mpi_lib_v2 as lib, json, os, torch; "
             f"assert horovod.__version__ == {HOROVOD_VERSION!r}; "
             f"assert hasattr(lib, {BF16_BINDING!r}); "
+            f"assert {IDLE_ENV.encode()!r} in open(lib.__file__, 'rb').read(); "
             f"assert torch.__version__ == {torch_version!r}; "
             "meta = json.load(open(os.path.join(os.path.dirname(horovod.__file__), 'metadata.json'))); "
             f"assert meta.get('pytorch') == {torch_version!r}")

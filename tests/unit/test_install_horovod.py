@@ -508,6 +508,24 @@ def test_an_installed_horovod_built_against_another_torch_is_not_a_match(tmp_pat
     assert not ih.installed_matches(sys.executable, torch.__version__)      # built for another torch: rebuild
 
 
+def test_an_installed_horovod_without_the_idle_cycle_patch_is_not_a_match(tmp_path, monkeypatch):
+    """A wheel built before scripts/horovod_perf.py landed imports and has the bf16 binding, yet ignores
+    HOROVOD_IDLE_CYCLE_TIME: set-up must rebuild it. A copy of the real package whose extension lacks the name."""
+    import shutil
+
+    import horovod
+    import torch
+
+    copy = tmp_path / "horovod"
+    shutil.copytree(Path(horovod.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    lib = next((copy / "torch").glob("mpi_lib_v2*.so"))
+    data = lib.read_bytes()
+    assert ih.IDLE_ENV.encode() in data and ih.installed_matches(sys.executable, torch.__version__)
+    lib.write_bytes(data.replace(ih.IDLE_ENV.encode(), b"HOROVOD_XXXX_CYCLE_TIME"))   # same length: still loads
+    assert not ih.installed_matches(sys.executable, torch.__version__)
+
+
 def test_the_torch_extension_gets_the_standard_torchs_header_demands(horovod_source, tmp_path):
     """torch 2.15's headers stop at `#error C++20 or later`: the patched CMake takes the standard found there."""
     ih.apply_cxx17_fix(horovod_source)
