@@ -31,8 +31,23 @@ def test_doctor_on_the_real_install_reports_versions_and_backends():
     assert f"built against torch: {torch.__version__}" in out
     assert "controllers: MPI, Gloo" in out and "tensor ops: MPI, Gloo" in out
     assert "mpirun: mpirun (Open MPI)" in out
-    assert f"visible GPUs: {torch.cuda.device_count()}" in out
+    assert f"visible GPUs: {gpus_by_driver() if torch.version.cuda else 0}" in out   # a CPU torch uses none
     assert out.strip().endswith("hvdtrain: ready")
+    hidden = doctor({**os.environ, "CUDA_VISIBLE_DEVICES": ""})       # the count follows what this process may use
+    assert "visible GPUs: 0" in hidden.stdout, hidden.stdout + hidden.stderr
+
+
+def gpus_by_driver() -> int:
+    """The GPUs this process may use, counted without torch (the doctor's own source, so comparing with
+    torch.cuda.device_count() would agree with anything): the driver's list narrowed by CUDA_VISIBLE_DEVICES;
+    0 with no driver."""
+    import shutil
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    count = sum(line.startswith("GPU ") for line in listed.splitlines())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return count if visible is None else len([d for d in visible.split(",") if d.strip()][:count])
 
 
 @pytest.mark.parametrize("change, message", [
