@@ -77,6 +77,7 @@ def uninterrupted(slurm, tmp_path_factory):
     return state, out, run_dir / "ref"
 
 
+@pytest.mark.long    # the same recipe with srun trains on two nodes in test_slurm_hosts.py (default run)
 def test_sbatch_recipe_trains_on_the_allocation_with_srun_and_no_ssh(uninterrupted):
     state, out, run = uninterrupted
     assert state == "COMPLETED", out[-3000:]
@@ -149,6 +150,7 @@ def test_scontrol_requeue_mid_epoch_resumes_by_itself_and_equals_the_uninterrupt
     assert_same_weights(run, uninterrupted[2])
 
 
+@pytest.mark.long    # the same early warning, on two nodes and then requeued, is in test_slurm_hosts.py (default run)
 def test_early_warning_usr1_to_the_batch_shell_reaches_every_task_and_checkpoints(slurm, tmp_path, uninterrupted):
     """What `#SBATCH --signal=B:USR1@T` sends, sent now: `scancel --batch --signal=USR1` signals the batch shell
     only, which is srun (the recipe exec()s it); srun forwards USR1 to every task, and they stop together."""
