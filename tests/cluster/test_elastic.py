@@ -164,6 +164,7 @@ def test_killing_a_worker_mid_epoch_recovers_fast_and_loses_no_sample(tmp_path, 
     killed_at = time.time()
     victim.send_signal(signal.SIGKILL)
     summary = finished(proc, tmp_path)
+    # A threshold: the kill lands at a time-dependent step, so no run is a reference; the coverage below is exact.
     assert summary["workers"] == 2 and summary["val_acc"] >= 0.95, summary
     assert len(set(summary["param_digests"])) == 1
     lines = probe_lines(tmp_path)
@@ -202,6 +203,7 @@ def test_removing_a_host_and_adding_it_back_shrinks_and_regrows_without_losing_a
     wait_until(lambda: len(pids_training_since(tmp_path, readded_at) - shrunk) == 1, 120,
                "a new worker on the re-added host to train")
     summary = finished(proc, tmp_path)
+    # A threshold: membership changes at time-dependent steps, so no run is a reference; the coverage is exact.
     assert summary["workers"] == 3 and summary["val_acc"] >= 0.95, summary
     assert len(set(summary["param_digests"])) == 1
     coverage = epoch_coverage(tmp_path / "elastic", effective_steps(probe_lines(tmp_path)))

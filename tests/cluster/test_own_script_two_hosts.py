@@ -33,5 +33,6 @@ def test_the_own_script_trains_on_two_hosts_with_hvdtrain_launch(cluster, tmp_pa
     summary = json.loads((run / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["epochs_run"] == 2, summary
     assert len(set(summary["param_digests"])) == 1, summary        # both hosts' replicas ended equal
+    # A threshold: the user's own example script has no reference run; that it trains is the quickstart's claim.
     assert summary["train_samples"] == 2048 and summary["val_acc"] > 0.8, summary
     assert (run / "model.pt").exists()

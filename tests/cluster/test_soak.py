@@ -100,6 +100,7 @@ def test_a_worker_killed_every_20_s_and_readmitted_loses_no_sample(tmp_path, ela
     assert kills == kills_wanted, f"only {kills} kills: the run ended early"
     assert len(recoveries) == kills, recoveries
     assert len(readmissions) >= kills - 1, readmissions   # the last host may come back after training ends
+    # A threshold: the kills land at time-dependent steps, so no run is a reference; the coverage below is exact.
     assert len(set(summary["param_digests"])) == 1 and summary["val_acc"] >= 0.95, summary
     coverage = epoch_coverage(tmp_path / "elastic", effective_steps(probe_lines(tmp_path)))
     assert len(coverage) == EPOCHS

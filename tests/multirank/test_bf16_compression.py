@@ -43,7 +43,8 @@ def test_bf16_compression_sends_half_the_bytes_of_fp32_and_trains_as_well(tmp_pa
         assert proc.returncode == 0, show(proc)
         runs[name] = result(tmp_path / name)
         assert len(set(runs[name]["param_digests"])) == 1, runs[name]     # every rank ends equal
-    # Within noise of fp32 (a couple of validation samples), and the default job's target either way.
+    # Thresholds (bf16 on the wire changes the numbers): within noise of fp32 (a couple of validation samples),
+    # and the default job's target either way.
     assert runs["bf16"]["val_acc"] >= 0.95 and abs(runs["bf16"]["val_acc"] - runs["fp32"]["val_acc"]) <= 0.02, runs
 
     params = set(torch.load(tmp_path / "fp32" / "model.pt", weights_only=True))

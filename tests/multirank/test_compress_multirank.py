@@ -43,6 +43,7 @@ def test_distilled_student_on_two_workers_beats_the_same_student_alone(teacher, 
     assert details["workers"] == 2 and details["epochs"] == 5
     assert (alone["name"], alone["params"]) == ("student (no teacher)", distilled["params"])
     assert distilled["params"] * 4 <= original["params"]
+    # Thresholds: a student differs from its teacher by design; its accuracy is what distillation promises.
     assert distilled["val_acc"] >= 0.93
     assert distilled["val_acc"] > alone["val_acc"]
     assert details["distilled_val_acc"][-1] == pytest.approx(distilled["val_acc"])  # Trainer's view == measured
@@ -63,6 +64,7 @@ def test_prune_fine_tunes_on_two_workers_started_by_np(teacher, tmp_path):
           f"{original['latency_ms']['64']:.3f} -> {pruned['latency_ms']['64']:.3f}")
     assert report["details"]["finetune"]["workers"] == 2
     assert pruned["params"] <= 0.6 * original["params"] and pruned["bytes"] <= 0.6 * original["bytes"]
+    # A threshold: pruning changes the model by design; keeping its accuracy is what compress promises.
     assert pruned["val_acc"] >= original["val_acc"] - 0.02
 
 

@@ -127,6 +127,7 @@ def test_non_finite_steps_are_skipped_on_every_rank(tmp_path):
     import json
 
     summary = json.loads((tmp_path / "nan" / "summary.json").read_text())
+    # A threshold: no reference run skips the same steps; that skipping leaves training sound is the claim.
     assert summary["skipped_steps"] > 0 and summary["val_acc"] >= 0.9
     assert len(set(summary["param_digests"])) == 1
 

@@ -91,6 +91,7 @@ def test_bf16_trains_the_default_job_to_the_accuracy_target(tmp_path):
                       "gloo", timeout=600)
     assert proc.returncode == 0, show(proc)
     result = summary(tmp_path / "bf16")
+    # A threshold: bf16 changes the numbers, so nothing is exactly equal; the default job's target is the claim.
     assert result["epochs_run"] == 10 and result["val_acc"] >= 0.95, result
     assert len(set(result["param_digests"])) == 1
 
@@ -103,6 +104,7 @@ def test_fp16_compression_sends_half_the_bytes_and_still_trains(tmp_path):
                                 "--name", "fp16", "--timeline-file", str(tmp_path / "fp16.json")], "gloo", timeout=600)
     assert compressed.returncode == 0, show(compressed)
     result = summary(tmp_path / "fp16")
+    # A threshold: fp16 on the wire changes the numbers, so nothing is exactly equal; "still trains" is the claim.
     assert result["val_acc"] >= 0.95 and len(set(result["param_digests"])) == 1, result
 
     params = set(weights(tmp_path / "none"))
@@ -178,6 +180,7 @@ def test_adasum_trains_under_mpi_and_is_refused_under_gloo(tmp_path):
     proc = horovodrun(2, [*job, "--name", "adasum"], "mpi")
     assert proc.returncode == 0, show(proc)
     result = summary(tmp_path / "adasum")
+    # A threshold: Adasum is another reduction than the average, so no run equals it; that it trains is the claim.
     assert result["val_acc"] >= 0.8 and len(set(result["param_digests"])) == 1, result
     refused = horovodrun(2, [*job, "--name", "gloo"], "gloo")
     assert refused.returncode != 0

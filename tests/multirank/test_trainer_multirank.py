@@ -45,6 +45,7 @@ def test_default_job_on_two_workers_reaches_95_percent(tmp_path):
     run = tmp_path / "default"
     epochs = [r for r in read_metrics(run) if r["kind"] == "epoch"]
     assert len(epochs) == 10
+    # A threshold: the default job reaching 95 % is the user-visible claim; the exact test is the one above.
     assert epochs[-1]["val_acc"] >= 0.95, epochs[-1]
     assert epochs[-1]["val_samples"] == 359  # the whole held-out split, once
     summary = json.loads((run / "summary.json").read_text())

@@ -75,6 +75,7 @@ def test_passing_the_loader_keeps_np2_equal_to_np1_with_twice_the_batch(tmp_path
 def test_a_tiny_bert_trains_without_step_fn_and_its_hf_folder_reloads(tmp_path):
     report = run(2, "bert", tmp_path / "r.json", "16")
     last = report["history"][-1]
+    # A threshold: a Hugging Face model computing its own loss has no cheap reference run; that it learns is the claim.
     assert last["val_acc"] > 0.2, report["history"]          # chance is 0.1 (ten classes)
     assert report["hf_max_diff"] < 1e-5
     run_dir = tmp_path / "runs" / "bert"

@@ -28,6 +28,7 @@ def test_dict_batches_and_tuple_outputs_train_on_two_workers(tmp_path, mode):
     report = run(2, mode, 32, tmp_path / "r.json")
     losses = [epoch["train_loss"] for epoch in report["history"]]
     assert losses[-1] < 0.5 * losses[0], losses
+    # A threshold: that user-shaped models learn is the claim (np=2 == np=1 for them is exact, in the test below).
     assert report["history"][-1]["val_acc" if mode == "tuple" else "val_batch_acc"] > 0.85, report["history"][-1]
     assert len(set(report["digests"])) == 1  # both replicas ended equal
     if mode == "tuple":
