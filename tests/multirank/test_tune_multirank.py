@@ -51,7 +51,7 @@ def test_job_mode_search_finds_095_and_best_yaml_reproduces_it(tmp_path):
     assert all(r["world_size"] == 2 and r["lr_scale"] == 2.0 and r["lr_scaling"] == "linear" for r in rows)
     assert all(r["lr_effective"] == pytest.approx(2 * r["params"]["lr"]) for r in rows)
     best = max((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: r["value"])
-    assert best["value"] >= 0.95, rows
+    assert best["value"] >= 0.95, rows   # a threshold: what the search finds is the claim, not a mechanism's copy
     study = tmp_path / "study"
     assert (study / "history.png").stat().st_size > 0 and (study / "importance.png").stat().st_size > 0
     assert f"tune: best trial {best['number']}: val_acc {best['value']:.4f}" in proc.stdout
@@ -59,7 +59,10 @@ def test_job_mode_search_finds_095_and_best_yaml_reproduces_it(tmp_path):
     again = horovodrun(2, ["-m", "hvdtrain", "--config", str(study / "best.yaml"), "--run-dir", str(tmp_path / "r"),
                            "--name", "best"], "gloo", env=ENV)
     assert again.returncode == 0, show(again)
-    assert summary(tmp_path / "r" / "best")["val_acc"] == pytest.approx(best["value"], abs=0.01)
+    # The trial's own config, seed, workers and backend: the very same training, so exact, not within 0.01.
+    reproduced, trial = summary(tmp_path / "r" / "best"), summary(Path(best["run_dir"]))
+    assert reproduced["val_acc"] == best["value"] == trial["val_acc"], (reproduced, best)
+    assert reproduced["param_digests"] == trial["param_digests"] and len(set(trial["param_digests"])) == 1
 
 
 def test_inprocess_mode_every_rank_trains_the_same_trials_in_lockstep(tmp_path):
