@@ -11,7 +11,8 @@ from torch import nn
 from hvdtrain.config.train_config import load_config
 from hvdtrain.distributed.wire import Bf16AsFp32
 from hvdtrain.errors import ConfigError
-from hvdtrain.models.compiled import compile_model
+from hvdtrain.models.compiled import compile_model, is_compiled, regions
+from hvdtrain.models.zoo import resnet18
 from hvdtrain.output.plain_weights import load_plain_state, plain, plain_state_dict
 from hvdtrain.output.run_dir import write_weights
 from hvdtrain.train.evaluation import param_digest
@@ -22,9 +23,13 @@ def net() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
 
 
-def test_a_compiled_models_weights_files_load_into_the_plain_model_strictly(tmp_path):
-    compiled = compile_model(net())
-    assert all(key.startswith("_orig_mod.") for key in compiled.state_dict())  # what torch.save would write
+@pytest.mark.parametrize("how", ["torch.compile", "compile_model"])
+def test_a_compiled_models_weights_files_load_into_the_plain_model_strictly(tmp_path, how):
+    compiled = torch.compile(net()) if how == "torch.compile" else compile_model(net())
+    if how == "torch.compile":
+        assert all(key.startswith("_orig_mod.") for key in compiled.state_dict())  # what torch.save would write
+    else:  # compiled in place, block by block: the plain model's keys
+        assert sorted(compiled.state_dict()) == sorted(net().state_dict())
     write_weights(tmp_path, "model", compiled)
     for state in (torch.load(tmp_path / "model.pt", weights_only=True), load_file(tmp_path / "model.safetensors")):
         fresh = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
@@ -64,6 +69,51 @@ def test_a_key_the_model_lacks_is_still_named_by_a_strict_load():
 def test_compiling_twice_keeps_one_wrapper():
     once = compile_model(net())
     assert compile_model(once) is once
+
+
+def test_compile_model_compiles_each_block_with_parameters_in_place():
+    model = net()
+    assert compile_model(model) is model and is_compiled(model)
+    compiled = [name for name, m in model.named_modules() if m._compiled_call_impl is not None]
+    assert compiled == ["0", "1", "2"]   # each its own graph, so each its own backward; not the Sequential
+
+
+def test_regions_are_resnet18s_blocks_and_look_through_a_wrapper_and_a_module_list():
+    body = resnet18(3, 10, width=4)
+    assert [type(m).__name__ for m in regions(body)] == ["Conv2d", "BatchNorm2d", *["_Block"] * 8, "Linear"]
+
+    class Wrapper(nn.Module):   # all parameters in one child: its blocks are the regions
+        def __init__(self) -> None:
+            super().__init__()
+            blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+            self.inner = nn.ModuleDict({"stem": nn.Linear(2, 4), "blocks": blocks})
+
+    found = regions(Wrapper())
+    assert len(found) == 3 and all(isinstance(m, nn.Linear) for m in found)
+    assert regions(nn.Linear(2, 2)) == []   # no blocks: compile_model compiles the model itself
+    leaf = nn.Linear(2, 2)
+    assert compile_model(leaf) is leaf and leaf._compiled_call_impl is not None
+
+
+def test_a_model_the_user_compiled_stays_one_graph_with_one_note(capsys):
+    from hvdtrain.models import compiled
+
+    compiled._TOLD.clear()
+    mine = torch.compile(net())
+    assert compile_model(mine) is mine and compile_model(torch.compile(net())) is not mine
+    assert not any(m._compiled_call_impl is not None for m in mine._orig_mod.modules())
+    err = capsys.readouterr().err
+    assert err.count("hvdtrain: note:") == 1 and "no overlap" in err and "--compile true" in err, err
+    compiled._TOLD.clear()
+
+
+def test_the_examples_in_compiled_run():
+    import doctest
+
+    from hvdtrain.models import compiled
+
+    result = doctest.testmod(compiled)
+    assert result.attempted and not result.failed
 
 
 def test_compile_is_a_validated_option():
