@@ -83,7 +83,6 @@ def test_default_job_on_two_spark_tasks_matches_horovodrun(spark, tmp_path):
     history = hvdtrain.spark.fit(hvdtrain.load_config(run_dir=str(tmp_path), name="spark"), num_proc=2,
                                  spark=spark)
     assert len(history) == 10 and history.summary["workers"] == 2
-    assert history[-1]["val_acc"] >= 0.95, history.table()
     assert history[-1]["val_samples"] == 359  # the whole held-out split, once
     digests = history.summary["param_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
@@ -96,6 +95,9 @@ def test_default_job_on_two_spark_tasks_matches_horovodrun(spark, tmp_path):
     # The same trainer, not a Spark copy of it: horovodrun's workers end with the very same weights.
     launched = hvdtrain.launch(hvdtrain.load_config(run_dir=""), np=2)
     assert launched.summary["param_digests"] == digests
+    # Exact, not an accuracy bar: the default job's target is test_trainer_multirank's to prove.
+    assert launched[-1]["val_acc"] == history[-1]["val_acc"], (launched.table(), history.table())
+    assert launched[-1]["val_loss"] == pytest.approx(history[-1]["val_loss"], abs=1e-6)
 
 
 @needs_java
@@ -112,6 +114,7 @@ def test_spark_submit_trains_a_plugin_with_the_entry_file(tmp_path):
     assert proc.returncode == 0, show(proc)
     assert "hvdtrain: spark run done: 2 worker(s)" in proc.stdout, show(proc)
     summary = json.loads((tmp_path / "rings" / "summary.json").read_text())
+    # A threshold: no reference run of the rings plug-in exists; the claim is that spark-submit trains it.
     assert summary["val_acc"] >= 0.95 and len(set(summary["param_digests"])) == 1, summary
 
 
