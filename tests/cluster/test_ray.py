@@ -83,7 +83,6 @@ def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray
 
     history = reports[0]["history"]
     assert len(history) == 10 and history.summary["workers"] == 2
-    assert history[-1]["val_acc"] >= 0.95, history.table()
     assert history[-1]["val_samples"] == 359  # the whole held-out split, once
     digests = history.summary["param_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
@@ -102,6 +101,8 @@ def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray
     # The same trainer, not a Ray copy of it: horovodrun's workers end with the very same weights.
     launched = hvdtrain.launch(hvdtrain.load_config(run_dir="", threads=1), np=2)
     assert launched.summary["param_digests"] == digests
+    # Exact, not an accuracy bar: the default job's target is test_trainer_multirank's to prove.
+    assert launched[-1]["val_acc"] == history[-1]["val_acc"], (launched.table(), history.table())
     assert launched[-1]["val_loss"] == pytest.approx(history[-1]["val_loss"], abs=1e-6)
 
 
