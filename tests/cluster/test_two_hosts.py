@@ -17,6 +17,8 @@ import pytest
 from conftest import BACKENDS, BIN, ROOT, show
 from netns_cluster import IFACE, SSH_PORT, running_cluster
 
+from hvdtrain.data.sharding import steps_per_epoch
+
 RAW_HOSTFILE = "# two hosts, one worker each\n\nhost1:1\nhost2 slots=1   # the second namespace\n"
 TRAIN = ["--model", "mlp", "--epochs", "8", "--threads", "1", "--log-interval", "10"]
 
@@ -49,7 +51,7 @@ def home_ssh_state() -> dict[str, int] | None:
 
 
 @BACKENDS
-def test_two_hosts_each_rank_in_its_own_namespace_and_training_converges(cluster, tmp_path, backend):
+def test_two_hosts_each_rank_in_its_own_namespace_and_every_step_runs_on_both(cluster, tmp_path, backend):
     hostfile = write_hostfile(tmp_path)
     where_file = tmp_path / "where.json"
     ssh_before = home_ssh_state()
@@ -82,6 +84,8 @@ def test_two_hosts_each_rank_in_its_own_namespace_and_training_converges(cluster
     summary = json.loads((tmp_path / "runs" / backend / "summary.json").read_text())
     assert summary["workers"] == 2
     print(f"two-host {backend} run: {seconds:.1f} s, val_acc {summary['val_acc']:.4f}, ranks {where}")
-    assert summary["val_acc"] >= 0.95, summary
+    # Exact instead of an accuracy bar: every step on both hosts and equal replicas (that 2 ranks train like one
+    # with twice the batch is tests/multirank's equivalence test; here the point is the hosts, not the math).
+    assert summary["rank_steps"] == [8 * steps_per_epoch(1438, 2, 32)] * 2 and summary["val_samples"] == 359, summary
     assert len(summary["param_digests"]) == 2 and len(set(summary["param_digests"])) == 1
     assert home_ssh_state() == ssh_before, "something was written to ~/.ssh"
