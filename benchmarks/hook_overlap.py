@@ -6,11 +6,12 @@ MODE: `whole` (torch.compile(model), one graph) or `regional` (hvdtrain's --comp
 apart, hvdtrain/models/compiled.py); without --compile the model runs eagerly.
 
 Wraps the DistributedOptimizer's per-gradient start (`_allreduce_grad_async`, called from the gradient
-accumulator hooks) to stamp each start, and stamps the return of `loss.backward()`; prints, per step, how many
-allreduces started before backward returned, of how many, and when the first one started (the fraction of
-backward elapsed): with overlap the first starts early; hooks deferred to the end of a compiled backward
-start late, all together. Also stamps each parameter's `register_post_accumulate_grad_hook` (the hook PyTorch
-calls compile-friendly) to see whether it fires any earlier than the accumulator hooks under compile.
+accumulator hooks) to stamp each start, and stamps the return of `loss.backward()`; prints, per step, how
+many allreduces started before backward returned, of how many, how many in its first half, and when the
+first one started (the fraction of backward elapsed): with overlap the first starts early; hooks deferred to
+the end of a compiled backward start late, all together. Also stamps each parameter's
+`register_post_accumulate_grad_hook` (the hook PyTorch calls compile-friendly) to see whether it fires any
+earlier than the accumulator hooks under compile.
 """
 from __future__ import annotations
 
@@ -71,13 +72,14 @@ def main() -> None:
         optimizer.step()
         done = time.perf_counter()
         inside = sum(begun <= t < ended for t in starts)
+        early = sum(begun <= t < (begun + ended) / 2 for t in starts)
         if step >= 2:  # after the compile and the first negotiation
             first = (min(starts) - begun) / (ended - begun) if starts else float("nan")
             post = (min(accumulated) - begun) / (ended - begun) if accumulated else float("nan")
-            counts.append((inside, len(starts), ended - begun, first, post, done - stepped))
+            counts.append((inside, len(starts), ended - begun, first, post, done - stepped, early))
     if hvd.rank() == 0:
         print(f"OVERLAP model={args.model} compile={args.compile} started inside backward: "
-              f"{[c[0] for c in counts]} of {[c[1] for c in counts]}; "
+              f"{[c[0] for c in counts]} of {[c[1] for c in counts]}; in its first half: {[c[6] for c in counts]}; "
               f"backward median {1000 * statistics.median(c[2] for c in counts):.1f} ms; "
               f"step median {1000 * statistics.median(c[5] for c in counts):.1f} ms; first start at "
               f"{[round(c[3], 2) for c in counts]} of backward; first post-accumulate hook at "

@@ -23,13 +23,13 @@ _UNCALLED = (nn.ModuleList, nn.ModuleDict)
 _TOLD: set[str] = set()   # notes already written by this process
 
 
-def compile_model(model: nn.Module) -> nn.Module:
+def compile_model(model: nn.Module, note: bool = True) -> nn.Module:
     """Compile `model` in place, one graph per block (see `regions`); returns `model`.
 
     A model compiled already is returned as it is: one the user wrapped in torch.compile keeps its single
-    graph (a note says that overlap is lost and how to keep it). The first steps (and the first evaluation:
-    no_grad and eval mode are compiled apart) are slow while the graphs compile; on CPU that needs a C++
-    compiler.
+    graph (a note, where `note`, says that overlap is lost and how to keep it). The first steps (and the
+    first evaluation: no_grad and eval mode are compiled apart) are slow while the graphs compile; on CPU
+    that needs a C++ compiler.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -37,7 +37,7 @@ def compile_model(model: nn.Module) -> nn.Module:
         (True, '0.bias')
     """
     if hasattr(model, WRAPPER):
-        _note_once("a model already wrapped in torch.compile is one graph: its gradient allreduces all start "
+        _note_once(note, "a model already wrapped in torch.compile is one graph: its gradient allreduces all start "
                    "when its backward ends (no overlap); pass the plain model with --compile true instead")
         return model
     if is_compiled(model):
@@ -82,7 +82,7 @@ def _allow_recompiles(blocks: list[nn.Module]) -> None:
     setattr(config, name, max(getattr(config, name), needed))
 
 
-def _note_once(text: str) -> None:
-    if text not in _TOLD:
+def _note_once(note: bool, text: str) -> None:
+    if note and text not in _TOLD:
         _TOLD.add(text)
         sys.stderr.write(f"hvdtrain: note: {text}\n")

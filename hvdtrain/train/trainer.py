@@ -20,7 +20,7 @@ from hvdtrain.data.user_loader import prepare, unwrap
 from hvdtrain.distributed import collectives, gradients, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model
-from hvdtrain.models.compiled import compile_model
+from hvdtrain.models.compiled import compile_model, is_compiled
 from hvdtrain.models.pipeline import place
 from hvdtrain.output.console import banner_lines, console
 from hvdtrain.output.history import History
@@ -100,8 +100,8 @@ class Trainer:
         model = sync_bn.convert_sync_bn(model) if config.sync_bn else model
         self.model = place(model, self.device, stages=config.stages, split=config.stage_split,
                            micro_batches=config.micro_batches)
-        if config.compile:  # after placement: compiled for the device it runs on
-            self.model = compile_model(self.model)
+        if config.compile or is_compiled(self.model):  # after placement: compiled for the device it runs on
+            self.model = compile_model(self.model, note=world.is_root)
         self.step_fn = step_fn
         first = probe_batch(train_data, max(2, config.micro_batches), loading.collate_fn if loading else None)
         self.loss_fn: LossFn = loss_fn or default_loss(config.loss, first)

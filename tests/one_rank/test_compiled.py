@@ -12,7 +12,7 @@ from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.models.builtin import build_model
 from hvdtrain.train import checkpoint
 from hvdtrain.train.finished_run import read
-from hvdtrain.train.trainer import fit
+from hvdtrain.train.trainer import Trainer, fit
 
 SMALL = dict(dataset="synthetic", synthetic_samples=640, synthetic_shape=(1, 8, 8), model="mlp", hidden=32,
              lr=0.05, warmup_epochs=0, max_steps=12, batch_size=32, threads=1, tensorboard=False,
@@ -64,6 +64,21 @@ def test_files_written_with_compile_prefixes_still_resume_and_rebuild(tmp_path, 
     rebuilt = read(old).model.state_dict()
     for key, value in weights.items():
         assert torch.equal(rebuilt[key], value), key
+
+
+def test_a_model_the_user_compiled_trains_as_one_graph_with_one_note(tmp_path, one_worker, capsys):
+    config = load_config(**SMALL, run_dir=str(tmp_path), name="mine")
+    data = build_data(config)
+    plain = build_model(config, input_shape(data.train), data.num_classes)
+    mine = torch.compile(plain)
+    with Trainer(mine, data.train, data.val, config=config) as trainer:
+        assert trainer.model is mine    # kept as it is: not recompiled block by block
+        trainer.fit()
+    err = capsys.readouterr().err
+    assert err.count("one graph: its gradient allreduces all start when its backward ends") == 1, err
+    assert not any(m._compiled_call_impl is not None for m in plain.modules())
+    build_model(config, input_shape(data.train), data.num_classes).load_state_dict(
+        torch.load(tmp_path / "mine" / "model.pt", weights_only=True), strict=True)
 
 
 @pytest.fixture(autouse=True)

@@ -100,6 +100,7 @@ def test_a_model_the_user_compiled_stays_one_graph_with_one_note(capsys):
 
     compiled._TOLD.clear()
     mine = torch.compile(net())
+    assert compile_model(mine, note=False) is mine and not capsys.readouterr().err   # ranks other than 0
     assert compile_model(mine) is mine and compile_model(torch.compile(net())) is not mine
     assert not any(m._compiled_call_impl is not None for m in mine._orig_mod.modules())
     err = capsys.readouterr().err
