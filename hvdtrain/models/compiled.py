@@ -51,7 +51,8 @@ def compile_model(model: nn.Module, note: bool = True) -> nn.Module:
 
 def regions(model: nn.Module) -> list[nn.Module]:
     """The blocks compiled apart: the model's children that hold parameters, looking inside ModuleLists and
-    ModuleDicts and through a child that holds all of them (a wrapper around the real model).
+    ModuleDicts, into a child that holds one (a transformer's encoder: its layers, not the whole stack) and
+    through a child that holds all of them (a wrapper around the real model).
 
     Example:
         >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.ModuleList([nn.Linear(8, 8)]), nn.Linear(8, 2))
@@ -62,7 +63,8 @@ def regions(model: nn.Module) -> list[nn.Module]:
     found: list[nn.Module] = []
     for child in holders:
         only = len(holders) == 1 and not any(True for _ in model.parameters(recurse=False))
-        descend = isinstance(child, _UNCALLED) or (only and any(True for _ in child.children()))
+        kids = list(child.children())
+        descend = isinstance(child, _UNCALLED) or any(isinstance(k, _UNCALLED) for k in kids) or (only and bool(kids))
         found += (regions(child) or [child]) if descend else [child]
     return found
 

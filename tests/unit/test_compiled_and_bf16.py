@@ -90,6 +90,10 @@ def test_regions_are_resnet18s_blocks_and_look_through_a_wrapper_and_a_module_li
 
     found = regions(Wrapper())
     assert len(found) == 3 and all(isinstance(m, nn.Linear) for m in found)
+    stack = nn.Module()   # an encoder: its layers in a ModuleList, then a norm
+    stack.layers, stack.norm = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]), nn.LayerNorm(4)
+    model = nn.Sequential(nn.Embedding(8, 4), stack, nn.Linear(4, 2))
+    assert regions(model) == [model[0], stack.layers[0], stack.layers[1], stack.norm, model[2]]
     assert regions(nn.Linear(2, 2)) == []   # no blocks: compile_model compiles the model itself
     leaf = nn.Linear(2, 2)
     assert compile_model(leaf) is leaf and leaf._compiled_call_impl is not None
