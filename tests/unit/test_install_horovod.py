@@ -53,20 +53,41 @@ def horovod_source(horovod_sdist, tmp_path):
     return Path(shutil.copytree(horovod_sdist, tmp_path / "horovod-src", symlinks=True))
 
 
-def test_cxx17_fix_applies_exactly_once_to_the_real_sources(horovod_source):
-    files = [horovod_source / rel for rel in ih.PATCHES]
+PATCH_SETS = {   # name: (the patches, the function that applies them, the marker each patched file carries once)
+    "cxx17": (ih.PATCHES, ih.apply_cxx17_fix, ih.CXX17_MARKER),
+    "bf16": (ih.BF16_PATCHES, ih.apply_bf16, ih.BF16_MARKER),
+    "idle-cycles": (ih.PERF_PATCHES, ih.apply_perf, ih.PERF_MARKER),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATCH_SETS))
+def test_each_patch_set_applies_exactly_once_to_the_real_sources(horovod_source, name):
+    patches, apply, marker = PATCH_SETS[name]
+    files = [horovod_source / rel for rel in patches]
     originals = [f.read_text() for f in files]
-    assert ih.apply_cxx17_fix(horovod_source) is True
+    assert apply(horovod_source) is True
     patched = [f.read_text() for f in files]
-    assert ih.apply_cxx17_fix(horovod_source) is False
+    assert apply(horovod_source) is False
     assert [f.read_text() for f in files] == patched
-    for before, after in zip(originals, patched, strict=True):
-        assert after.count(ih.CXX17_MARKER) == 1
-        assert after != before
-    torch_cmake = (horovod_source / "horovod/torch/CMakeLists.txt").read_text()
-    assert "set(CMAKE_CXX_STANDARD 17)" in torch_cmake
-    assert "list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)" in torch_cmake
-    assert "Pytorch_CXX17 AND Pytorch_CXX17" in (horovod_source / "CMakeLists.txt").read_text()
+    for path, before, after in zip(files, originals, patched, strict=True):
+        assert marker in after and after != before, path
+    if name == "cxx17":
+        assert all(after.count(marker) == 1 for after in patched)
+        torch_cmake = (horovod_source / "horovod/torch/CMakeLists.txt").read_text()
+        assert "set(CMAKE_CXX_STANDARD 17)" in torch_cmake
+        assert "list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)" in torch_cmake
+        assert "Pytorch_CXX17 AND Pytorch_CXX17" in (horovod_source / "CMakeLists.txt").read_text()
+    elif name == "bf16":
+        assert all(after.count(marker) == 1 for after in patched)
+        assert "HOROVOD_BFLOAT16 = 10," in (horovod_source / "horovod/common/message.h").read_text()
+        bindings = (horovod_source / "horovod/torch/mpi_ops_v2.cc").read_text()
+        # 8 operations, each for CPU tensors and for CUDA ones (on the GPU or staged through host memory)
+        assert bindings.count('_BFloat16Tensor", &Do') == 8 * 3 and f'"{ih.BF16_BINDING}"' in bindings
+    else:
+        queue = (horovod_source / "horovod/common/tensor_queue.cc").read_text()
+        assert queue.count("enqueued_.notify_one();") == 2   # both ways in: one tensor, a grouped list
+        operations = (horovod_source / "horovod/common/operations.cc").read_text()
+        assert '"HOROVOD_IDLE_CYCLE_TIME"' in operations and "WaitWhileIdle(" in operations
 
 
 def test_cache_key_changes_with_the_patch_set():
@@ -79,21 +100,6 @@ def test_cache_key_changes_with_the_patch_set():
     other = ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, edited)
     assert other != ih.PATCH_SET_HASH and ih.cache_key(**base, patches=other) != ih.cache_key(**base)
     assert ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, ih.BF16_PATCHES, ih.PERF_PATCHES) == ih.PATCH_SET_HASH
-
-
-def test_bf16_patches_apply_exactly_once_to_the_real_sources(horovod_source):
-    files = [horovod_source / rel for rel in ih.BF16_PATCHES]
-    originals = [f.read_text() for f in files]
-    assert ih.apply_bf16(horovod_source) is True
-    patched = [f.read_text() for f in files]
-    assert ih.apply_bf16(horovod_source) is False
-    assert [f.read_text() for f in files] == patched
-    for path, before, after in zip(files, originals, patched, strict=True):
-        assert after.count(ih.BF16_MARKER) == 1 and after != before, path
-    assert "HOROVOD_BFLOAT16 = 10," in (horovod_source / "horovod/common/message.h").read_text()
-    bindings = (horovod_source / "horovod/torch/mpi_ops_v2.cc").read_text()
-    # 8 operations, each for CPU tensors and for CUDA ones (on the GPU or staged through host memory)
-    assert bindings.count('_BFloat16Tensor", &Do') == 8 * 3 and f'"{ih.BF16_BINDING}"' in bindings
 
 
 @pytest.mark.skipif(not ih.shutil.which("g++"), reason="needs g++ to compile the patched header")
