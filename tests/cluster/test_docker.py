@@ -154,12 +154,39 @@ def test_no_key_material_is_copied_or_baked_in(dockerfile):
     assert all("--mount=type=secret,id=extra-ca" in r for r in runs(stages[0]) if "with-extra-ca" in r)
 
 
+def let_in(path: str, ignore: list[str]) -> bool:
+    """Whether .dockerignore's `*` then `!name` / `!folder/` lines let a context path in (the last match decides)."""
+    allowed = False
+    for line in ignore:
+        pattern = line.lstrip("!").rstrip("/")
+        if line == "*":
+            allowed = False
+        elif line.startswith("!") and (path == pattern or path.startswith(pattern + "/")):
+            allowed = True
+    return allowed
+
+
+def test_every_file_a_dockerfile_copies_is_let_into_the_build_context(dockerfile):
+    """A COPY of a file .dockerignore filters out fails the build at that step (the bf16 and idle-cycle patch modules
+    once did, seen only by the long tier's image build)."""
+    variant, text, _ = dockerfile
+    ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    sources = [src for args in re.findall(r"^COPY\s+(?!--from)(.+)$", text, re.M) for src in args.split()[:-1]
+               if not src.startswith("--")]
+    assert sources, f"{variant}: no COPY found"
+    missing = [src for src in sources if not let_in(src.rstrip("/"), ignore)]
+    assert not missing, f"{variant}: COPY sources .dockerignore filters out: {missing}"
+    assert not let_in("tests/conftest.py", ignore) and let_in("scripts/install_horovod.py", ignore)
+
+
 def test_what_the_build_context_lets_in_holds_no_private_key():
     allowed = [ROOT / "setup.cfg", ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "hvdtrain",
-               ROOT / "scripts" / "install_horovod.py", DOCKER]
+               ROOT / "scripts" / "install_horovod.py", ROOT / "scripts" / "horovod_bf16.py",
+               ROOT / "scripts" / "horovod_perf.py", DOCKER]
     ignore = (ROOT / ".dockerignore").read_text().split()
-    assert ignore[ignore.index("*") + 1:][:6] == ["!setup.cfg", "!pyproject.toml", "!README.md", "!hvdtrain/",
-                                                    "!scripts/install_horovod.py", "!docker/"]
+    assert ignore[ignore.index("*") + 1:][:8] == ["!setup.cfg", "!pyproject.toml", "!README.md", "!hvdtrain/",
+                                                    "!scripts/install_horovod.py", "!scripts/horovod_bf16.py",
+                                                    "!scripts/horovod_perf.py", "!docker/"]
     for top in allowed:
         for path in [top] if top.is_file() else top.rglob("*"):
             if path.is_file() and path.suffix != ".whl" and "cache" not in path.relative_to(ROOT).parts:
