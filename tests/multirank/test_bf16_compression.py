@@ -3,30 +3,15 @@ bytes, read from Horovod's own timeline: what its core really allreduced) and th
 accuracy within noise. Needs hvdtrain's patched Horovod (scripts/horovod_bf16.py)."""
 from __future__ import annotations
 
-import collections
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import horovodrun, show
+from timeline import assert_half_the_bytes
 
 from hvdtrain.distributed import runtime
-
-WIRE_BYTES = {"float32": 4, "bfloat16": 2}
-
-
-def timeline_ops(path: Path, op: str) -> dict[str, list[tuple[str, int]]]:
-    """Rank 0's Horovod timeline: for each tensor of collective `op`, (wire dtype, bytes) per call."""
-    events = json.loads(path.read_text())
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]}
-    seen: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
-    for event in events:
-        args, name = event.get("args", {}), names.get(event.get("pid"), "")
-        if event.get("ph") == "E" and "dtype" in args and name.startswith(f"{op}."):
-            numel = torch.Size(json.loads(args["shape"])).numel()
-            seen[name.removeprefix(f"{op}.")].append((args["dtype"], numel * WIRE_BYTES.get(args["dtype"], 0)))
-    return seen
 
 
 def result(run: Path) -> dict:
@@ -48,12 +33,4 @@ def test_bf16_compression_sends_half_the_bytes_of_fp32_and_trains_as_well(tmp_pa
     assert runs["bf16"]["val_acc"] >= 0.95 and abs(runs["bf16"]["val_acc"] - runs["fp32"]["val_acc"]) <= 0.02, runs
 
     params = set(torch.load(tmp_path / "fp32" / "model.pt", weights_only=True))
-    plain = {k: v for k, v in timeline_ops(tmp_path / "fp32.json", "allreduce").items() if k in params}
-    half = {k: v for k, v in timeline_ops(tmp_path / "bf16.json", "allreduce").items() if k in params}
-    assert plain.keys() == half.keys() == params
-    assert {dtype for calls in plain.values() for dtype, _ in calls} == {"float32"}
-    assert {dtype for calls in half.values() for dtype, _ in calls} == {"bfloat16"}
-    for name in params:
-        assert {size for _, size in half[name]} == {plain[name][0][1] // 2}, name
-    per_step = sum(calls[0][1] for calls in plain.values())
-    assert sum(calls[0][1] for calls in half.values()) * 2 == per_step
+    assert_half_the_bytes(tmp_path / "fp32.json", tmp_path / "bf16.json", params, "bfloat16")

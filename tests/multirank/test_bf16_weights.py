@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 from conftest import BACKENDS, ROOT, horovodrun, show
-from test_bf16_compression import timeline_ops
+from timeline import timeline_ops
 
 from hvdtrain.distributed import runtime
 

@@ -1,7 +1,6 @@
 """Training features, tier 3: real horovodrun -np 2 runs, compared with explicit tolerances."""
 from __future__ import annotations
 
-import collections
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import torch
 from conftest import ROOT, horovodrun, show
+from timeline import assert_half_the_bytes, timeline_ops
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.sharding import steps_per_epoch
@@ -25,7 +25,6 @@ SMALL = ["-m", "hvdtrain", "--dataset", "synthetic", "--synthetic-samples", "625
          "--synthetic-shape", "1,8,8", "--model", "mlp", "--hidden", "32", "--lr", "0.2",
          "--lr-scaling", "none", "--warmup-epochs", "0", "--max-steps", "12", "--log-interval", "4",
          "--threads", "1"]
-WIRE_BYTES = {"float32": 4, "float16": 2, "float64": 8}
 
 
 def summary(run: Path) -> dict:
@@ -40,20 +39,6 @@ def assert_close_weights(a: dict, b: dict, atol: float) -> None:
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=key)
-
-
-def timeline_allreduces(path: Path) -> dict[str, list[tuple[str, int]]]:
-    """Horovod's timeline (written by rank 0): for each allreduced tensor, (wire dtype, bytes) per allreduce."""
-    events = json.loads(path.read_text())
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]}
-    seen: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
-    for event in events:
-        args = event.get("args", {})
-        name = names.get(event.get("pid"), "")
-        if event.get("ph") == "E" and "dtype" in args and name.startswith("allreduce."):
-            numel = torch.Size(json.loads(args["shape"])).numel()
-            seen[name.removeprefix("allreduce.")].append((args["dtype"], numel * WIRE_BYTES[args["dtype"]]))
-    return seen
 
 
 def test_accumulating_4_batches_of_b_equals_batches_of_4b(tmp_path):
@@ -72,7 +57,7 @@ def test_accumulating_4_batches_of_b_equals_batches_of_4b(tmp_path):
     assert max((k4[k] - initial[k]).abs().max().item() for k in k4) > 1e-2
     # A step is an optimizer step: 12 of them, counted and scheduled alike, one allreduce each.
     assert summary(tmp_path / "k4")["rank_steps"] == summary(tmp_path / "b32")["rank_steps"] == [12, 12]
-    grads = {name: calls for name, calls in timeline_allreduces(tmp_path / "k4.json").items()
+    grads = {name: calls for name, calls in timeline_ops(tmp_path / "k4.json", "allreduce").items()
              if name in initial}
     assert grads.keys() == initial.keys() and all(len(calls) == 12 for calls in grads.values()), grads.keys()
 
@@ -107,16 +92,8 @@ def test_fp16_compression_sends_half_the_bytes_and_still_trains(tmp_path):
     # A threshold: fp16 on the wire changes the numbers, so nothing is exactly equal; "still trains" is the claim.
     assert result["val_acc"] >= 0.95 and len(set(result["param_digests"])) == 1, result
 
-    params = set(weights(tmp_path / "none"))
-    plain = {k: v for k, v in timeline_allreduces(tmp_path / "none.json").items() if k in params}
-    half = {k: v for k, v in timeline_allreduces(tmp_path / "fp16.json").items() if k in params}
-    assert plain.keys() == half.keys() == params
-    assert {dtype for calls in plain.values() for dtype, _ in calls} == {"float32"}
-    assert {dtype for calls in half.values() for dtype, _ in calls} == {"float16"}
-    for name in params:
-        assert {size for _, size in half[name]} == {plain[name][0][1] // 2}, name
-    per_step = sum(calls[0][1] for calls in plain.values())
-    assert sum(calls[0][1] for calls in half.values()) * 2 == per_step  # the default CNN: 605 224 -> 302 612 B
+    # the default CNN: 605 224 -> 302 612 B a step
+    assert_half_the_bytes(tmp_path / "none.json", tmp_path / "fp16.json", set(weights(tmp_path / "none")), "float16")
 
 
 def test_sync_batchnorm_on_two_workers_equals_one_batchnorm_over_the_global_batch(tmp_path):
