@@ -1,0 +1,37 @@
+"""The suite's --order option (tests/conftest.py): the same tests, in a reproducible other order."""
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import order_items
+
+
+def _items():
+    return [SimpleNamespace(nodeid=f"tests/{f}.py::t{i}") for f in "abcdef" for i in range(4)]
+
+
+def test_reversed_runs_the_same_tests_last_first():
+    items = _items()
+    order_items(items, "reversed")
+    assert [i.nodeid for i in items] == [i.nodeid for i in reversed(_items())]
+
+
+def test_shuffled_keeps_each_files_tests_together_and_is_reproducible():
+    first, again, other = _items(), _items(), _items()
+    order_items(first, "shuffled:38")
+    order_items(again, "shuffled:38")
+    order_items(other, "shuffled:39")
+    assert [i.nodeid for i in first] == [i.nodeid for i in again]
+    assert sorted(i.nodeid for i in first) == sorted(i.nodeid for i in _items())
+    assert [i.nodeid for i in first] != [i.nodeid for i in _items()]
+    assert [i.nodeid for i in first] != [i.nodeid for i in other]
+    files = [i.nodeid.split("::")[0] for i in first]
+    assert all(files[k] == files[k + 1] or files[k + 1] not in files[:k + 1] for k in range(len(files) - 1))
+    inside = {f: [i.nodeid for i in first if i.nodeid.startswith(f)] for f in set(files)}
+    assert any(inside[f] != sorted(inside[f]) for f in inside), "tests inside a file are shuffled too"
+
+
+@pytest.mark.parametrize("order", ["backwards", "shuffled", "shuffled:x"])
+def test_a_bad_order_is_a_one_line_usage_error(order):
+    with pytest.raises(pytest.UsageError, match="shuffled:SEED"):
+        order_items(_items(), order)
