@@ -1,9 +1,13 @@
 """Built-in datasets and plug-in datasets."""
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import math
+from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
@@ -27,14 +31,30 @@ def split(inputs: torch.Tensor, targets: torch.Tensor, val_fraction: float, seed
     return TensorDataset(inputs[train], targets[train]), TensorDataset(inputs[val], targets[val])
 
 
+def digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
+    """The 1,797 8x8 digits as (images of pixels 0-16, float64 [N, 8, 8]; labels, int64 [N]).
+
+    The same arrays as scikit-learn's ``load_digits()``, read from the CSV that ships inside its
+    package without importing it: ``sklearn.datasets`` pulls in scipy.stats, ~1 s of CPU in every
+    worker process only to read 1,797 rows.
+    """
+    spec = importlib.util.find_spec("sklearn")  # finds the package folder; imports nothing
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("the digits dataset ships with scikit-learn, which is not installed; "
+                        "pip install scikit-learn, or pick --dataset synthetic")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as rows:
+        table = np.loadtxt(rows, delimiter=",")
+    images = torch.from_numpy(table[:, :-1].reshape(-1, 8, 8))
+    labels = torch.from_numpy(table[:, -1].astype(np.int64))
+    return images, labels
+
+
 def digits(config: TrainConfig) -> Data:
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, no download)."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    inputs = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    targets = torch.tensor(bunch.target, dtype=torch.long)
-    return Data(*split(inputs, targets, config.val_fraction, config.seed), num_classes=10)
+    images, labels = digits_arrays()
+    inputs = images.to(torch.float32).unsqueeze(1) / 16.0
+    return Data(*split(inputs, labels, config.val_fraction, config.seed), num_classes=10)
 
 
 def synthetic(config: TrainConfig) -> Data:
