@@ -52,6 +52,7 @@ class TrainConfig:
     compression: str = option("none", "gradients on the wire: none, fp16 or bf16 (half the bytes; bf16: fp32's range)")
     op: str = option("average", "gradient reduction: average, or adasum (MPI; use with --lr-scaling none)")
     gradient_predivide_factor: float = option(1.0, "average: divide by this before the sum, by workers/this after")
+    bucket_mb: float = option(25.0, "allreduce gradients in buckets of this many MB, as DDP; 0 = each on its own")
     sync_bn: bool = option(False, "convert BatchNorm layers to Horovod's SyncBatchNorm (global batch statistics)")
     compile: bool = option(False, "torch.compile the model once it is on its device (the first steps compile: "
                                   "slow; CPU needs a C++ compiler); saved weights are the plain model's")
@@ -157,6 +158,8 @@ class TrainConfig:
         if self.precision == "fp16" and self.elastic:
             raise ConfigError("precision fp16 is not supported with elastic yet (the loss scale is not part of the "
                               "elastic state, so a joining worker would scale differently); use bf16")
+        if self.bucket_mb < 0:
+            raise ConfigError(f"bucket_mb must be >= 0 (0: no buckets), got {self.bucket_mb}")
         if self.gradient_predivide_factor <= 0:
             raise ConfigError(f"gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
         if self.op == "adasum":

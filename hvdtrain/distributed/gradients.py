@@ -1,6 +1,8 @@
 """Horovod's DistributedOptimizer, wrapped and synchronised the way the loop needs."""
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -13,12 +15,14 @@ from hvdtrain.errors import UserError
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, accumulate: int = 1,
                    compression: str = "none", op: str = "average",
-                   gradient_predivide_factor: float = 1.0) -> torch.optim.Optimizer:
+                   gradient_predivide_factor: float = 1.0, bucket_mb: float = 0.0) -> torch.optim.Optimizer:
     """Horovod's DistributedOptimizer: gradients are averaged (or Adasum-combined) as backward produces them.
 
     accumulate: backward passes per step; the allreduce starts in the last one (gradients add up locally).
     compression: "fp16" / "bf16" send float gradients as float16 / bfloat16 and restore their dtype after the
         allreduce; "none" sends them as they are (bf16 ones as float32 where Horovod lacks bfloat16).
+    bucket_mb: > 0 submits gradients in buckets of about this size, as DDP does (see `buckets`); 0: each
+        gradient alone, as soon as backward produces it.
     """
     if op == "adasum" and hvd.size() > 1 and not hvd.mpi_enabled():
         raise UserError("op adasum needs Horovod's MPI operations (Gloo has no Adasum): launch with "
@@ -27,12 +31,51 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, 
         raise UserError("compression bf16 needs bfloat16 in Horovod, and this Horovod was built without "
                         "hvdtrain's bfloat16 patch (an older cached wheel): re-run `make setup` (or "
                         "scripts/install-horovod), or use --compression fp16")
+    bucketed = bucket_mb > 0 and _groups_apply(op, gradient_predivide_factor)
+    groups = buckets(model.parameters(), bucket_mb) if bucketed else None
     compressor = {"fp16": hvd.Compression.fp16, "bf16": wire.Bf16Compressor}.get(compression, wire.no_compression())
     return hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=compressor,
         backward_passes_per_step=accumulate, op=hvd.Adasum if op == "adasum" else hvd.Average,
-        gradient_predivide_factor=gradient_predivide_factor)
+        gradient_predivide_factor=gradient_predivide_factor, groups=groups)
+
+
+# DDP's first bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES): the last layers' gradients go out
+# early, so the exchange starts while backward still runs.
+FIRST_BUCKET_MB = 1.0
+
+
+def buckets(params: Iterable[torch.nn.Parameter], cap_mb: float) -> list[list[torch.nn.Parameter]]:
+    """Parameters in reverse order (roughly the order backward produces their gradients), cut into buckets
+    of at most `cap_mb` MB (the first FIRST_BUCKET_MB), a parameter larger than the cap alone.
+
+    Horovod's DistributedOptimizer(groups=...) submits a bucket as one grouped allreduce once all of its
+    gradients are ready: one enqueue per bucket instead of one per parameter, so its background thread
+    negotiates (a Gloo round per cycle on every rank) only while a bucket is out, not all through backward
+    (benchmarks/results/2026-12-06-e-buckets).
+
+    Example:
+        >>> [[tuple(p.shape) for p in b] for b in buckets(torch.nn.Linear(512, 512).parameters(), 1.0)]
+        [[(512,)], [(512, 512)]]
+    """
+    groups: list[list[torch.nn.Parameter]] = [[]]
+    size, cap = 0, min(FIRST_BUCKET_MB, cap_mb) * 2**20
+    for param in reversed([p for p in params if p.requires_grad]):
+        nbytes = param.numel() * param.element_size()
+        if groups[-1] and size + nbytes > cap:
+            groups.append([])
+            size, cap = 0, cap_mb * 2**20
+        groups[-1].append(param)
+        size += nbytes
+    return [group for group in groups if group]
+
+
+def _groups_apply(op: str, gradient_predivide_factor: float) -> bool:
+    # Horovod 0.28.1's grouped path drops the pre/postscale factors and Adasum has no groups; an elastic
+    # job's optimizer would broadcast its groups from rank 0 when it is built, which a worker added later
+    # does while the others are in their reset: per-tensor there.
+    return op == "average" and gradient_predivide_factor == 1.0 and os.environ.get("HOROVOD_ELASTIC") != "1"
 
 
 def steps_in_backward(op: str) -> bool:
