@@ -88,9 +88,10 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     ledger.mark("setup")
 
-    # --compile: the loops get torch.compile(model) (DDP: compile(DDP(model)), so DDPOptimizer splits the graph
-    # at its buckets); hvdtrain its own --compile. The clock's hook stays on the plain module, called inside.
-    run_model = torch.compile(model) if args.compile and args.variant != "ddp" else model
+    # --compile: the plain loops get torch.compile(model) (DDP: compile(DDP(model)), so DDPOptimizer splits the
+    # graph at its buckets); hvdtrain its own --compile (its Trainer compiles the model block by block). The
+    # clock's hook stays on the plain module, called inside.
+    run_model = torch.compile(model) if args.compile and args.variant in ("horovod", "single", "compute") else model
     if args.variant == "hvdtrain":
         import hvdtrain
 

@@ -13,6 +13,7 @@ import torch
 class AllreduceCount:
     """Gradient allreduces submitted by Horovod's DistributedOptimizer, as the wire sees them."""
     calls: int = 0
+    submissions: int = 0        # calls into Horovod: a grouped allreduce (a bucket of gradients) is one
     bytes: int = 0              # after compression: fp16 halves it
     names: list[str] = field(default_factory=list)
 
@@ -40,11 +41,13 @@ def count_gradient_allreduces() -> Iterator[AllreduceCount]:
 
     def counted_single(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         record(tensor, kwargs.get("name"))
+        count.submissions += 1
         return single(tensor, *args, **kwargs)
 
     def counted_grouped(tensors: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
         for tensor in tensors:
             record(tensor, kwargs.get("name"))
+        count.submissions += 1
         return grouped(tensors, *args, **kwargs)
 
     hvd_optimizer.allreduce_async_, hvd_optimizer.grouped_allreduce_async_ = counted_single, counted_grouped

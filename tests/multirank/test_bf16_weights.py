@@ -19,7 +19,7 @@ SCRIPT = "tests/ranks/bf16_weights.py"
 # EQUIV's job with the rank script's own bf16 model (SGD with momentum: its bf16 state is broadcast too).
 JOB = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction", "0.2", "--synthetic-shape", "1,8,8",
        "--lr", "0.05", "--lr-scaling", "none", "--warmup-epochs", "0", "--max-steps", "12", "--log-interval", "4",
-       "--threads", "1", "--run-dir", ""]
+       "--threads", "1", "--bucket-mb", "0", "--run-dir", ""]  # per-tensor: the timeline names each gradient
 
 
 @pytest.fixture(scope="module")

@@ -43,8 +43,10 @@ def assert_close_weights(a: dict, b: dict, atol: float) -> None:
 
 def test_accumulating_4_batches_of_b_equals_batches_of_4b(tmp_path):
     """--accumulate 4 --batch-size 8 == --batch-size 32 on 2 workers, including the short last step."""
+    # --bucket-mb 0: per-tensor allreduces, which the timeline names after their parameters
     accumulated = horovodrun(2, [*SMALL, "--batch-size", "8", "--accumulate", "4", "--run-dir", str(tmp_path),
-                                 "--name", "k4", "--timeline-file", str(tmp_path / "k4.json")], "gloo")
+                                 "--name", "k4", "--bucket-mb", "0", "--timeline-file", str(tmp_path / "k4.json")],
+                             "gloo")
     assert accumulated.returncode == 0, show(accumulated)
     plain = horovodrun(2, [*SMALL, "--batch-size", "32", "--run-dir", str(tmp_path), "--name", "b32"], "gloo")
     assert plain.returncode == 0, show(plain)
@@ -82,11 +84,13 @@ def test_bf16_trains_the_default_job_to_the_accuracy_target(tmp_path):
 
 
 def test_fp16_compression_sends_half_the_bytes_and_still_trains(tmp_path):
+    # --bucket-mb 0: per-tensor allreduces, which the timeline names after their parameters
     reference = horovodrun(2, ["-m", "hvdtrain", "--max-steps", "2", "--run-dir", str(tmp_path), "--name", "none",
-                               "--timeline-file", str(tmp_path / "none.json")], "gloo")
+                               "--bucket-mb", "0", "--timeline-file", str(tmp_path / "none.json")], "gloo")
     assert reference.returncode == 0, show(reference)
     compressed = horovodrun(2, ["-m", "hvdtrain", "--compression", "fp16", "--run-dir", str(tmp_path),
-                                "--name", "fp16", "--timeline-file", str(tmp_path / "fp16.json")], "gloo", timeout=600)
+                                "--name", "fp16", "--bucket-mb", "0", "--timeline-file", str(tmp_path / "fp16.json")],
+                            "gloo", timeout=600)
     assert compressed.returncode == 0, show(compressed)
     result = summary(tmp_path / "fp16")
     # A threshold: fp16 on the wire changes the numbers, so nothing is exactly equal; "still trains" is the claim.

@@ -21,7 +21,7 @@ from hvdtrain.models.builtin import build_model  # noqa: E402
 STEPS = 3
 ARGS = ["--dataset", "synthetic", "--synthetic-samples", "512", "--synthetic-shape", "1,8,8", "--model", "mlp",
         "--hidden", "32", "--batch-size", "16", "--max-steps", str(STEPS), "--log-interval", "1000",
-        "--threads", "1", "--run-dir", ""]
+        "--threads", "1", "--run-dir", "", "--bucket-mb", "0"]  # per-tensor: counted and named one by one
 
 config = hvdtrain.load_config(None, ARGS + sys.argv[1:])
 torch.manual_seed(config.seed)

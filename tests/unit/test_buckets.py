@@ -1,0 +1,45 @@
+"""gradients.buckets: DDP's bucketing of parameters (reverse order, a 1 MB first bucket, then the cap), and the
+bucket_mb option's check."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hvdtrain.config.train_config import ConfigError, TrainConfig
+from hvdtrain.distributed.gradients import buckets
+
+
+def shapes(groups: list[list[nn.Parameter]]) -> list[list[tuple[int, ...]]]:
+    return [[tuple(p.shape) for p in group] for group in groups]
+
+
+def test_parameters_go_in_reverse_order_into_buckets_up_to_the_cap_the_first_up_to_1_mb():
+    # 256 KB weights: four fill the 1 MB first bucket (with the last bias), then 2 MB buckets hold eight
+    net = nn.Sequential(*(nn.Linear(256, 256, bias=False) for _ in range(12)), nn.Linear(256, 1))
+    groups = buckets(net.parameters(), 2.0)
+    assert shapes(groups) == [[(1,), (1, 256), (256, 256), (256, 256), (256, 256)],
+                              [(256, 256)] * 8, [(256, 256)] * 1]
+    assert [p for group in groups for p in group] == list(net.parameters())[::-1]
+
+
+def test_a_parameter_larger_than_the_cap_is_a_bucket_of_its_own_and_frozen_ones_are_left_out():
+    net = nn.Sequential(nn.Linear(8, 8), nn.Linear(1024, 1024), nn.Linear(8, 8))
+    net[0].weight.requires_grad_(False)
+    assert shapes(buckets(net.parameters(), 0.5)) == [[(8,), (8, 8), (1024,)], [(1024, 1024)], [(8,)]]
+
+
+def test_a_cap_below_1_mb_caps_the_first_bucket_too():
+    net = nn.Sequential(nn.Linear(128, 128, bias=False), nn.Linear(128, 128, bias=False))   # 64 KB each
+    assert shapes(buckets(net.parameters(), 0.1)) == [[(128, 128)], [(128, 128)]]
+    assert shapes(buckets(net.parameters(), 25)) == [[(128, 128), (128, 128)]]
+
+
+def test_bf16_parameters_count_their_own_bytes():
+    net = nn.Sequential(nn.Linear(512, 512, bias=False), nn.Linear(512, 512, bias=False)).to(torch.bfloat16)
+    assert shapes(buckets(net.parameters(), 1.0)) == [[(512, 512), (512, 512)]]   # 2 x 512 KB
+
+
+def test_a_negative_bucket_size_is_refused_naming_the_value():
+    with pytest.raises(ConfigError, match=r"bucket_mb must be >= 0 .* got -1"):
+        TrainConfig(bucket_mb=-1)
