@@ -92,11 +92,17 @@ def restore_environ(request: pytest.FixtureRequest):
                                       "(restored)"), stacklevel=1)
 
 
-def equiv_one_process(run_dir: Path, name: str) -> None:
-    """The reference of the equivalence tests: EQUIV on one process with the global batch (32)."""
+@pytest.fixture(scope="session")
+def equiv_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference of the equivalence tests: EQUIV on one process with the global batch (32).
+
+    Trained once per session (4 tests compare against it, ~4 s of CPU each); tests only read its folder.
+    """
+    run_dir = tmp_path_factory.mktemp("equiv")
     proc = subprocess.run([sys.executable, "-m", "hvdtrain", *EQUIV, "--batch-size", "32", "--run-dir", str(run_dir),
-                           "--name", name], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--name", "one"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, show(proc)
+    return run_dir / "one"
 
 
 @pytest.fixture

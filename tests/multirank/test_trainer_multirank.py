@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BACKENDS, EQUIV, equiv_one_process, horovodrun, show
+from conftest import BACKENDS, EQUIV, horovodrun, show
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.sharding import steps_per_epoch
@@ -19,13 +19,12 @@ def read_metrics(run: Path) -> list[dict]:
 
 
 @BACKENDS
-def test_two_workers_equal_one_worker_with_twice_the_batch(tmp_path, backend):
+def test_two_workers_equal_one_worker_with_twice_the_batch(tmp_path, backend, equiv_reference):
     """The test that proves data parallelism is right: same data order, same effective LR."""
-    equiv_one_process(tmp_path, "one")
     proc = horovodrun(2, ["-m", "hvdtrain", *EQUIV, "--batch-size", "16", "--run-dir", str(tmp_path),
                           "--name", "two"], backend)
     assert proc.returncode == 0, show(proc)
-    one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
+    one = torch.load(equiv_reference / "model.pt", weights_only=True)
     two = torch.load(tmp_path / "two" / "model.pt", weights_only=True)
     assert one.keys() == two.keys()
     for key in one:

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import Dataset
 
+from hvdtrain.data.datasets import digits_arrays
 from hvdtrain.environment import process
 
 VOCAB = 64 * 17 + 2          # (pixel, intensity) pairs, plus padding (0) and a [CLS]-like start token (1)
@@ -20,14 +20,14 @@ class DigitTokens(Dataset):
     """Each digit image as the tokens of its non-zero pixels: 20-60 tokens, different per sample."""
 
     def __init__(self, indices: list[int] | None = None) -> None:
-        digits = load_digits()
-        pixels = torch.tensor(digits.data, dtype=torch.long)
+        images, labels = digits_arrays()  # load_digits()'s arrays, without importing scikit-learn in each rank
+        pixels = images.flatten(1).to(torch.long)
         order = indices if indices is not None else list(range(len(pixels)))
         self.items = []
         for i in order:
             nonzero = pixels[i].nonzero().flatten()
             tokens = [1] + (2 + nonzero * 17 + pixels[i][nonzero]).tolist()
-            self.items.append({"input_ids": tokens, "label": int(digits.target[i]), "idx": i})
+            self.items.append({"input_ids": tokens, "label": int(labels[i]), "idx": i})
 
     def __len__(self) -> int:
         return len(self.items)
