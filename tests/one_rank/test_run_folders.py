@@ -18,9 +18,11 @@ def start(run_dir, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+# Each attempt is one more roll of the race; 2 a run keeps it in the default run, 5 is the long form.
+@pytest.mark.parametrize("attempts", [2, pytest.param(5, marks=pytest.mark.long)])
 @pytest.mark.parametrize("resume", [[], ["--resume", "auto"]], ids=["new", "resume"])
-def test_two_runs_with_the_same_name_started_together_never_share_the_folder(tmp_path, resume):
-    for attempt in range(5):
+def test_two_runs_with_the_same_name_started_together_never_share_the_folder(tmp_path, resume, attempts):
+    for attempt in range(attempts):
         runs = tmp_path / str(attempt)
         procs = [start(runs, "--name", "same", "--epochs", "20", *resume) for _ in range(2)]
         results = [(proc.wait(timeout=300), *proc.communicate()) for proc in procs]
