@@ -1,0 +1,42 @@
+"""Tier 3: gradients in DDP-like buckets (--bucket-mb) on 2 real workers: Horovod is handed one allreduce per
+bucket instead of one per gradient, and the weights equal those of per-tensor allreduces (fp32 and fp16 on the
+wire, with accumulation); the Trainer's default sends buckets (grouped allreduces in Horovod's timeline)."""
+from __future__ import annotations
+
+import torch
+from conftest import BACKENDS, EQUIV, horovodrun, show
+from timeline import timeline_ops
+
+
+@BACKENDS
+def test_a_bucket_is_one_allreduce_and_gives_the_weights_of_per_tensor_ones(tmp_path, backend):
+    out = tmp_path / "buckets.pt"
+    proc = horovodrun(2, ["tests/ranks/buckets.py", str(out)], backend)
+    assert proc.returncode == 0, show(proc)
+    report = torch.load(out, weights_only=False)
+    found, steps = report["found"], report["steps"]
+    assert report["buckets"] == {0.0: 6, 25.0: 1, 0.1: 3}   # six gradients: per tensor, one bucket, three
+    for (bucket_mb, compression, _), run in found.items():
+        assert run["submissions"] == report["buckets"][bucket_mb] * steps, (bucket_mb, compression, run)
+        assert run["tensors"] == 6 * steps, run
+    assert found[(0.1, "fp16", 2)]["bytes"] * 2 == found[(0.0, "none", 1)]["bytes"]   # fp16 halves buckets too
+    assert report["digests"][0] == report["digests"][1]   # both replicas equal, in every setting
+    # The same sums of the same tensors, fused or not: bit for bit.
+    per_tensor = found[(0.0, "none", 1)]["weights"]
+    for setting in ((25.0, "none", 1), (0.1, "none", 1)):
+        torch.testing.assert_close(found[setting]["weights"], per_tensor, atol=0, rtol=0, msg=str(setting))
+    torch.testing.assert_close(found[(0.1, "fp16", 2)]["weights"], found[(0.0, "fp16", 2)]["weights"], atol=0,
+                               rtol=0)
+
+
+def test_the_trainer_sends_buckets_by_default_with_the_weights_of_per_tensor_allreduces(tmp_path):
+    for name, extra in (("buckets", []), ("per-tensor", ["--bucket-mb", "0"])):
+        proc = horovodrun(2, ["-m", "hvdtrain", *EQUIV, *extra, "--batch-size", "16", "--run-dir", str(tmp_path),
+                              "--name", name, "--tensorboard", "false",
+                              "--timeline-file", str(tmp_path / f"{name}.json")], "gloo")
+        assert proc.returncode == 0, show(proc)
+    assert timeline_ops(tmp_path / "buckets.json", "grouped_allreduce")
+    assert not timeline_ops(tmp_path / "per-tensor.json", "grouped_allreduce")
+    a = torch.load(tmp_path / "buckets" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "per-tensor" / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
