@@ -5,7 +5,7 @@
 MODE: `whole` (torch.compile(model), one graph) or `regional` (hvdtrain's --compile: each block compiled
 apart, hvdtrain/models/compiled.py); without --compile the model runs eagerly.
 
-Wraps the DistributedOptimizer's per-gradient start (`_allreduce_grad_async`, called from the gradient
+Wraps `allreduce_async_` as Horovod's optimizer module calls it (once per gradient, from the gradient
 accumulator hooks) to stamp each start, and stamps the return of `loss.backward()`; prints, per step, how
 many allreduces started before backward returned, of how many, how many in its first half, and when the
 first one started (the fraction of backward elapsed): with overlap the first starts early; hooks deferred to
@@ -21,6 +21,7 @@ import time
 
 import horovod.torch as hvd
 import torch
+from horovod.torch import optimizer as hvd_optimizer
 from torch import nn
 
 from hvdtrain.config.train_config import TrainConfig
@@ -46,13 +47,13 @@ def main() -> None:
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
     starts: list[float] = []
-    original = optimizer._allreduce_grad_async
+    submit = hvd_optimizer.allreduce_async_
 
-    def stamped(p):  # the hook's call into Horovod: one per gradient per step
+    def stamped(*args, **kwargs):  # the hook's call into Horovod: one per gradient per step
         starts.append(time.perf_counter())
-        return original(p)
+        return submit(*args, **kwargs)
 
-    optimizer._allreduce_grad_async = stamped
+    hvd_optimizer.allreduce_async_ = stamped
     accumulated: list[float] = []
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda _: accumulated.append(time.perf_counter()))

@@ -4,7 +4,7 @@
 
 DistributedOptimizer registers a hook on each parameter's gradient accumulator and starts that parameter's
 allreduce from it. Were the hooks not to fire at all under compile, synchronize() would still allreduce every
-gradient (correct weights, no overlap): the first check counts the ops in flight right after backward. Under
+gradient (correct weights, no overlap): the first check counts the allreduces started inside backward. Under
 one whole-model graph they do fire, but all when its backward ends (no overlap): the second check stamps each
 allreduce's start and reports when the first began, as a fraction of backward, for hvdtrain's block-by-block
 compile (compile_model) and for torch.compile(model), the same stamping as benchmarks/hook_overlap.py.
@@ -18,7 +18,12 @@ import time
 from pathlib import Path
 
 import torch
+from horovod.torch import optimizer as hvd_optimizer
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/: the instrumentation
+
+from allreduce_count import count_gradient_allreduces  # noqa: E402
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.distributed import collectives, gradients, runtime
@@ -42,8 +47,8 @@ def first_start(compile_whole: bool) -> float:
     run = torch.compile(net) if compile_whole else compile_model(net)
     optimizer = gradients.wrap_optimizer(torch.optim.SGD(net.parameters(), lr=0.01), net)
     starts: list[float] = []
-    start = optimizer._allreduce_grad_async
-    optimizer._allreduce_grad_async = lambda p: (starts.append(time.perf_counter()), start(p))[1]
+    submit = hvd_optimizer.allreduce_async_   # what the hooks call, once per gradient (no buckets here)
+    hvd_optimizer.allreduce_async_ = lambda *args, **kw: (starts.append(time.perf_counter()), submit(*args, **kw))[1]
     inputs, targets = torch.randn(128, 256), torch.randint(0, 10, (128,))
     fractions = []
     for step in range(8):
@@ -56,6 +61,7 @@ def first_start(compile_whole: bool) -> float:
         optimizer.step()
         if step >= 3:
             fractions.append((min(starts) - begun) / (ended - begun))
+    hvd_optimizer.allreduce_async_ = submit
     return statistics.median(fractions)
 
 
@@ -69,8 +75,9 @@ in_flight_after_backward = []
 for _ in range(3):
     optimizer.zero_grad()
     inputs, targets = torch.randn(16, 8, generator=generator), torch.randint(0, 4, (16,), generator=generator)
-    torch.nn.functional.cross_entropy(compiled(inputs), targets).backward()
-    in_flight_after_backward.append(sum(isinstance(handle, int) for handle, _ in optimizer._handles.values()))
+    with count_gradient_allreduces() as count:
+        torch.nn.functional.cross_entropy(compiled(inputs), targets).backward()
+    in_flight_after_backward.append(count.calls)   # started by the hooks, before backward returned
     optimizer.step()
 first = {"blocks": first_start(compile_whole=False), "whole": first_start(compile_whole=True)}
 history = fit(load_config(overrides=overrides))
