@@ -48,7 +48,8 @@ FIRST_BUCKET_MB = 1.0
 
 def buckets(params: Iterable[torch.nn.Parameter], cap_mb: float) -> list[list[torch.nn.Parameter]]:
     """Parameters in reverse order (roughly the order backward produces their gradients), cut into buckets
-    of at most `cap_mb` MB (the first FIRST_BUCKET_MB), a parameter larger than the cap alone.
+    of at most `cap_mb` MB (the first FIRST_BUCKET_MB), a parameter larger than the cap alone, and where the
+    dtype or device changes (a bucket is one fused buffer, as in DDP).
 
     Horovod's DistributedOptimizer(groups=...) submits a bucket as one grouped allreduce once all of its
     gradients are ready: one enqueue per bucket instead of one per parameter, so its background thread
@@ -63,7 +64,8 @@ def buckets(params: Iterable[torch.nn.Parameter], cap_mb: float) -> list[list[to
     size, cap = 0, min(FIRST_BUCKET_MB, cap_mb) * 2**20
     for param in reversed([p for p in params if p.requires_grad]):
         nbytes = param.numel() * param.element_size()
-        if groups[-1] and size + nbytes > cap:
+        last = groups[-1][-1] if groups[-1] else param
+        if groups[-1] and (size + nbytes > cap or (param.dtype, param.device) != (last.dtype, last.device)):
             groups.append([])
             size, cap = 0, cap_mb * 2**20
         groups[-1].append(param)

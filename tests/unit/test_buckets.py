@@ -40,6 +40,12 @@ def test_bf16_parameters_count_their_own_bytes():
     assert shapes(buckets(net.parameters(), 1.0)) == [[(512, 512), (512, 512)]]   # 2 x 512 KB
 
 
+def test_a_bucket_holds_one_dtype():
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).to(torch.bfloat16), nn.Linear(4, 4))
+    assert [[p.dtype for p in group] for group in buckets(net.parameters(), 25)] == [
+        [torch.float32] * 2, [torch.bfloat16] * 2, [torch.float32] * 2]
+
+
 def test_a_negative_bucket_size_is_refused_naming_the_value():
     with pytest.raises(ConfigError, match=r"bucket_mb must be >= 0 .* got -1"):
         TrainConfig(bucket_mb=-1)
