@@ -56,3 +56,17 @@ def load_plain_state(model: nn.Module, state: Mapping[str, Any], strict: bool = 
     own = {plain_key(key): key for key in model.state_dict()}
     renamed = {own.get(plain_key(key), key): value for key, value in state.items()}
     return model.load_state_dict(renamed, strict=strict)
+
+
+class PlainWeights:
+    """The model as a stateful component (train/stateful.py): its weights under the plain keys, loaded into a
+    compiled or a plain model alike."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        return plain_state_dict(self.model)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        load_plain_state(self.model, state)

@@ -13,12 +13,12 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.fingerprint import fingerprint
 from hvdtrain.data.shard_source import Resplits
 from hvdtrain.distributed import collectives, runtime
-from hvdtrain.output.plain_weights import plain_state_dict
+from hvdtrain.output.plain_weights import PlainWeights
 from hvdtrain.output.run_directory import RunDirectory
 from hvdtrain.train import checkpoint
-from hvdtrain.train.precision import Precision
 from hvdtrain.train.progress import Progress
 from hvdtrain.train.resume import apply_resume, read_on_root
+from hvdtrain.train.stateful import Stateful, TrainingState
 
 
 @dataclass(frozen=True)
@@ -43,16 +43,18 @@ class Checkpointer:
     """Args:
         settings: CheckpointSettings.of(config).
         run: the run directory (checkpoints go under it; none without one).
-        model, optimizer: saved and, on resume, loaded (the optimizer Horovod wrapped).
-        precision: its loss scale, if any, is saved and restored.
+        model, optimizer: saved (the model under its plain keys) and, on resume, loaded on rank 0, then
+            broadcast by Horovod (the optimizer Horovod wrapped).
         data: (train, held-out) data, fingerprinted where a checkpoint is written or read.
+
+    Everything else a checkpoint holds comes from the components handed to each save and resume (a
+    TrainingState, train/stateful.py): saved under their names, restored by name; this class knows none of them.
     """
 
     def __init__(self, settings: CheckpointSettings, run: RunDirectory, model: torch.nn.Module, optimizer: Any,
-                 precision: Precision, data: tuple[Any, Any]) -> None:
-        self.settings, self.run = settings, run
-        self.model, self.optimizer, self.precision, self.data = model, optimizer, precision, data
-        self.scaler = precision.scaler
+                 data: tuple[Any, Any]) -> None:
+        self.settings, self.run, self.optimizer, self.data = settings, run, optimizer, data
+        self.weights: dict[str, Stateful] = {"model": PlainWeights(model), "optimizer": optimizer}
 
     @functools.cached_property
     def data_fingerprint(self) -> dict[str, Any]:
@@ -71,15 +73,15 @@ class Checkpointer:
         if not self.settings.resume:
             return None
         return read_on_root(self.settings.resume, self.settings.record, self.settings.changed_data, run_path,
-                            self.model, self.optimizer, self.data_fingerprint)
+                            self.weights, self.optimizer, self.data_fingerprint)
 
-    def adopt(self, found: dict[str, Any] | None, p: Progress, world: runtime.World, loader_rng: torch.Generator,
+    def adopt(self, found: dict[str, Any] | None, state: TrainingState, p: Progress, world: runtime.World,
               resplit: Callable[[Resplits, int, int], Resplits]) -> str | None:
-        """Every rank: its share of what rank 0 read (progress, RNG states, metric sums, the loss scale), the
-        epoch's rest re-split by the shard source (`resplit`) where the workers changed; the line to show."""
+        """Every rank: its share of what rank 0 read, loaded into `state`'s components; the epoch's rest re-split
+        by the shard source (`resplit`) where the workers changed; the line to show."""
         if found is None:
             return None
-        resumed = apply_resume(found, p, world, self.scaler, loader_rng)
+        resumed = apply_resume(found, state, world)
         if found.get("payload"):  # before the resume line claims anything
             p.resplits = resplit(p.resplits, p.position, found["payload"]["world_size"])
         return resumed
@@ -91,25 +93,30 @@ class Checkpointer:
         found = self.read_on_root(run_path) if is_root else None
         return collectives.broadcast_object(found, name="resume")   # Horovod: rank 0's reading for all
 
-    def gather_and_save(self, p: Progress, loader_rng: torch.Tensor, *, is_root: bool) -> str | None:
-        """A collective: every rank contributes its RNG state and metric sums; rank 0 writes."""
+    def gather_and_save(self, state: TrainingState, step: int, *, is_root: bool) -> str | None:
+        """A collective: every rank contributes its per-rank states; rank 0 writes."""
         if not self.run.path:
             return None
-        per_rank = collectives.allgather_object((checkpoint.rng_state(loader_rng), p.stats),
-                                                name="checkpoint_gather")
-        return self.save(p, per_rank) if is_root else None
+        gathered = collectives.allgather_object(own_states(state), name="checkpoint_gather")
+        return self.save(state, step, gathered) if is_root else None
 
-    def save(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
-        """Write as rank 0, with each rank's (RNG state, metric sums); one entry reads as a 1-worker run.
-        replace=False (an elastic survivor): nothing where this step's checkpoint exists or is being written."""
+    def save(self, state: TrainingState, step: int, gathered: list[dict[str, Any]] | None = None, *,
+             replace: bool = True) -> str | None:
+        """Write as rank 0, with every rank's per-rank states (`gathered`, in rank order; None: this rank's own
+        alone, a file that reads as a 1-worker run). replace=False (an elastic survivor): nothing where this
+        step's checkpoint exists or is being written."""
         if not self.run.path:
             return None
-        scaler = self.precision.state_dict()
-        payload = {"model": plain_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
-                   "progress": p.values(stats=False), "world_size": len(per_rank),
-                   "rng": [r for r, _ in per_rank], "stats": [s for _, s in per_rank],
-                   "config": self.settings.record, "data": self.data_fingerprint,
-                   **({"scaler": scaler} if scaler is not None else {})}
+        per_rank = gathered if gathered is not None else [own_states(state)]
+        shared = {name: component.state_dict() for name, component in {**self.weights, **state.shared}.items()}
+        payload = {**{name: value for name, value in shared.items() if value is not None}, "world_size": len(per_rank),
+                   **{name: [states[name] for states in per_rank] for name in state.per_rank},
+                   "config": self.settings.record, "data": self.data_fingerprint}
         writer = checkpoint.save if replace else checkpoint.save_new
-        path = writer(checkpoint.checkpoint_dir(self.run.path), p.step, payload, self.settings.keep)
+        path = writer(checkpoint.checkpoint_dir(self.run.path), step, payload, self.settings.keep)
         return str(path) if path else None
+
+
+def own_states(state: TrainingState) -> dict[str, Any]:
+    """This rank's per-rank states, by name."""
+    return {name: component.state_dict() for name, component in state.per_rank.items()}

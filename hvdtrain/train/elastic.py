@@ -26,6 +26,7 @@ from hvdtrain.output.run_directory import RunDirectory, Verdict
 from hvdtrain.train import checkpoint
 from hvdtrain.train.checkpointer import Checkpointer
 from hvdtrain.train.progress import Progress
+from hvdtrain.train.stateful import TrainingState
 
 # Set by `hvdtrain launch` to its --start-timeout: how long a job may wait below --min-np for hosts. Its
 # driver ends the job then (launcher/elastic_driver.py), so workers wait as long as the world can form.
@@ -61,6 +62,7 @@ class LoopHooks:
     begin: Callable[[dict[str, Any] | None, Progress, int | None], None]   # adopt what rank 0 read to resume (or None)
     resize: Callable[[runtime.World], None]      # re-shard the data and rescale the LR for a new set of workers
     zero_stats: Callable[[], torch.Tensor]       # empty metric sums in this run's layout
+    state: Callable[[Progress, bool], TrainingState]   # what a checkpoint of this progress holds (bool: loader RNG)
     check_work_left: Callable[[Progress, int], None]   # a UserError when a resumed run has nothing left to train
 
 
@@ -261,8 +263,9 @@ class ElasticRun:
         except FileExistsError:
             return
         self._claim = claim
-        # This rank's RNG state and metric sums alone: the file reads as a one-worker run (see resume.py).
-        path = self.checkpointer.save(p, [(checkpoint.rng_state(), p.stats)], replace=False)
+        # This rank's per-rank states alone (not the loader's RNG: training moved it on after the commit); the file
+        # reads as a one-worker run (see resume.py).
+        path = self.checkpointer.save(self.hooks.state(p, False), p.step, replace=False)
         if path is None:   # rank 0's, from all workers, is there or on its way: it holds more than ours
             console.error(f"note: rank {self.rank} left the last commit (step {p.step}) to rank 0's checkpoint")
             return

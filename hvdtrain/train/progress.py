@@ -1,4 +1,9 @@
-"""Where training stands: checkpoints and elastic commits save exactly this."""
+"""Where training stands: checkpoints and elastic commits save exactly this.
+
+One record, not a piece in each component: Horovod's elastic state commits and restores it as one object (a
+reference swap, train/elastic.py), so position, steps, best and metric sums always roll back together; and the
+checkpoint file keeps it under one key, "progress" (with the metric sums apart, per rank: MetricSums).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -31,6 +36,14 @@ class Progress:
     def values(self, *, stats: bool = True) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if stats or f.name != "stats"}
 
+    def state_dict(self) -> dict[str, Any]:
+        """Stateful (train/stateful.py): every field but this rank's metric sums (MetricSums saves those)."""
+        return self.values(stats=False)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():   # a field an older file lacks keeps its default
+            setattr(self, name, value)
+
     def copy(self) -> Progress:
         return dataclasses.replace(self)
 
@@ -39,3 +52,21 @@ class Progress:
         if (not self.position and self.epoch >= end_epoch) or (max_steps and self.step >= max_steps):
             raise UserError(f"nothing to do: the run already finished {self.epoch} of {end_epoch} epochs "
                             f"({self.step} steps); raise --epochs (or --max-steps) to train longer")
+
+
+class MetricSums:
+    """Stateful per rank (train/stateful.py): this rank's metric sums of the epoch so far, kept in the progress
+    (they roll back with it on an elastic reset)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def state_dict(self) -> torch.Tensor:
+        return self.progress.stats
+
+    def load_state_dict(self, state: torch.Tensor) -> None:
+        self.progress.stats = state
+
+    def load_resized(self, states: list[torch.Tensor], rank: int) -> None:
+        # Sums are what metrics need; keep them once, on rank 0 (the others: zeros in the run's own layout).
+        self.progress.stats = sum(states[1:], states[0]) if rank == 0 else torch.zeros_like(states[0])

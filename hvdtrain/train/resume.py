@@ -10,8 +10,8 @@ import torch
 from hvdtrain.data import fingerprint
 from hvdtrain.distributed import runtime
 from hvdtrain.errors import UserError, first_line
-from hvdtrain.output.plain_weights import load_plain_state
 from hvdtrain.train import checkpoint
+from hvdtrain.train.stateful import Stateful, TrainingState
 
 # What the data and its split are (every TrainConfig field that builds the data), and what `best` measures:
 # changed, the resumed run would train on other samples or targets (the held-out set among them) or compare the
@@ -20,6 +20,8 @@ DATA_KEYS = ("dataset", "features", "label", "image_size", "seed", "val_fraction
              "synthetic_shape", "num_classes", "monitor")
 # Mid-epoch, the saved position counts whole batches of this layout (a stream's, or a DataLoader's drop_last).
 MID_EPOCH_KEYS = ("batch_size", "accumulate")
+# What a checkpoint records about its run, besides the components' states: not loaded into any component.
+RECORD_KEYS = ("format", "config", "data")
 # The LR is not restored: each step sets it from this run's own optimizer (Trainer.base_lrs) and schedule.
 SCHEDULED = ("lr", "initial_lr")
 
@@ -66,11 +68,12 @@ def _differ(a: Any, b: Any) -> bool:
 
 
 def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_path: str | None,
-                 model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 weights: dict[str, Stateful], optimizer: torch.optim.Optimizer,
                  data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Load weights into this rank's model and optimizer; return what the other ranks need.
-    `resume`: --resume; `config`: this run's (as a dict), compared with the checkpoint's; `changed_data`:
-    --resume-changed-data; `data`: this run's data fingerprint (data/fingerprint.py), compared with the checkpoint's."""
+    """Load `weights` (model and optimizer, by file key) on this rank; return what the other ranks need: every
+    other component's state in the file. `resume`: --resume; `config`: this run's (as a dict), compared with the
+    checkpoint's; `changed_data`: --resume-changed-data; `data`: this run's data fingerprint
+    (data/fingerprint.py), compared with the checkpoint's; `optimizer`: its settings win over the file's."""
     notes: list[str] = []
     if resume == "auto":
         directory = checkpoint.checkpoint_dir(run_path or "")
@@ -100,8 +103,8 @@ def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_pat
                      "(--resume-changed-data accept)")
     wanted = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
-        load_plain_state(model, payload["model"])   # written by a compiled or plain model, into either
-        optimizer.load_state_dict(payload["optimizer"])
+        for name, component in weights.items():
+            component.load_state_dict(payload[name])
     except (RuntimeError, ValueError, KeyError) as err:
         made_with = payload.get("config", {}).get("model", "?")
         return {"error": f"checkpoint {path} does not fit this model/optimizer ({first_line(err)}); it was "
@@ -111,7 +114,7 @@ def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_pat
     changed = restore_hyperparameters(optimizer.param_groups, wanted, new_lr)
     if changed:
         notes.append(changed)
-    meta = {key: payload[key] for key in ("progress", "world_size", "rng", "stats")}
+    meta = {key: value for key, value in payload.items() if key not in weights and key not in RECORD_KEYS}
     rollback = False
     if run_path:
         branch = checkpoint.branch_after(checkpoint.checkpoint_dir(run_path), meta["progress"].get("branch", 0),
@@ -120,7 +123,6 @@ def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_pat
         if rollback:
             notes.append(f"newer checkpoints of the run stay; this one's follow them as *-b{branch}.pt")
         meta["progress"] = {**meta["progress"], "branch": branch}
-    meta["scaler"] = payload.get("scaler")  # fp16's loss scale; absent otherwise
     # Steps from here on may differ from those the run's first process logged beyond this checkpoint (a rollback,
     # other settings or data): the tracker logs them as a new branch instead of dropping them (tracking/tracker.py).
     diverges = rollback or bool(changed) or bool(data_change)
@@ -128,34 +130,32 @@ def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_pat
             "branch_from": meta["progress"]["step"] if diverges else None}
 
 
-def apply_resume(found: dict[str, Any], progress: Any, world: runtime.World,
-                 scaler: torch.amp.GradScaler | None = None, loader_rng: torch.Generator | None = None) -> str | None:
-    """This rank's share of what rank 0 read: progress, its RNG states (the loader's too: `loader_rng`, on the
-    same number of workers) and metric sums, the loss scale."""
+def apply_resume(found: dict[str, Any], state: TrainingState, world: runtime.World) -> str | None:
+    """This rank's share of what rank 0 read, loaded into `state`'s components by name: the shared ones as
+    saved, the per-rank ones as this rank saved them (or, written by another number of workers, as each
+    component takes a share of them)."""
     if found.get("error"):
         raise UserError(found["error"])
     meta = found["payload"]
     if meta is None:
         return found["note"]
-    for name, value in meta["progress"].items():
-        setattr(progress, name, value)
-    if scaler is not None and meta.get("scaler"):
-        scaler.load_state_dict(meta["scaler"])
+    for name, component in state.shared.items():
+        component.load_state_dict(meta.get(name))
     old_size = meta["world_size"]
+    for name, rank_component in state.per_rank.items():
+        if old_size == world.size:
+            rank_component.load_state_dict(meta[name][world.rank])
+        else:
+            rank_component.load_resized(meta[name], world.rank)
+    progress = meta["progress"]
     if old_size == world.size:
-        progress.stats = meta["stats"][world.rank]
-        checkpoint.set_rng_state(meta["rng"][world.rank], loader_rng)
         how = "exactly where it stopped"
     else:
-        # Sums are what metrics need; keep them once, on rank 0 (the others: zeros in the run's own layout).
-        progress.stats = sum(meta["stats"]) if world.is_root else torch.zeros_like(meta["stats"][0])
-        # Not the loader's: its state belongs to one rank's stream of worker seeds (see data/loader.py).
-        checkpoint.set_rng_state(meta["rng"][world.rank % old_size])
-        how = (f"with {world.size} workers instead of {old_size}: the rest of epoch {progress.epoch + 1} "
+        how = (f"with {world.size} workers instead of {old_size}: the rest of epoch {progress['epoch'] + 1} "
                "is re-split across the new workers (every sample still seen once, but batches differ "
-               "from an uninterrupted run)" if progress.position else
+               "from an uninterrupted run)" if progress["position"] else
                f"at an epoch boundary with {world.size} workers instead of {old_size}")
         how += "; random augmentations start from this run's seeds (their state is per worker)"
     note = f" ({found['note']})" if found["note"] else ""
-    return (f"resumed from {found['path']} at epoch {progress.epoch + 1}, step {progress.step} "
-            f"({progress.position} samples into the epoch), {how}{note}")
+    return (f"resumed from {found['path']} at epoch {progress['epoch'] + 1}, step {progress['step']} "
+            f"({progress['position']} samples into the epoch), {how}{note}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -36,8 +35,10 @@ from hvdtrain.train.metrics import BatchParts, Metric
 from hvdtrain.train.optim import make_optimizer
 from hvdtrain.train.optimizer_step import OptimizerStep
 from hvdtrain.train.precision import Precision, PrecisionSettings
-from hvdtrain.train.progress import Progress
+from hvdtrain.train.progress import MetricSums, Progress
+from hvdtrain.train.random_state import RandomState
 from hvdtrain.train.reporting import MetricsSettings, Reporter, first_batch_layout
+from hvdtrain.train.stateful import TrainingState
 from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, labels_in_range, run_step
 
 AfterEpoch = Callable[[dict[str, Any]], bool]
@@ -129,12 +130,12 @@ class Trainer:
                                drop_last_batch=config.batch_size if loading and loading.drop_last else 0)
         self.source: ShardSource = stream or sampler
         self.loader = build_loader(train_data, None if stream else sampler, config, world.rank, self.device, loading)
-        self.loader_rng_at_epoch = self.loader.generator.get_state()
+        self.random = RandomState(self.loader.generator)
         self._resize(world)
         self.after_epoch: AfterEpoch | None = None
         self.checkpointer = Checkpointer(CheckpointSettings.of(config), self.run, self.model, self.optimizer,
-                                         self.precision, (train_data, val_data))
-        hooks = LoopHooks(train=self._train_until, begin=self._begin, resize=self._resize,
+                                         (train_data, val_data))
+        hooks = LoopHooks(train=self._train_until, begin=self._begin, resize=self._resize, state=self._state,
                           zero_stats=self.reporter.zeros,
                           check_work_left=lambda p, end_epoch: p.check_work_left(end_epoch, config.max_steps))
         driver = ElasticRun if config.elastic else LocalRun   # the one place elastic and fixed-size runs differ
@@ -197,6 +198,7 @@ class Trainer:
                     end_epoch = p.epoch + 1                 # asked to stop: this epoch is the last
                 if finished:
                     p.epoch, p.position, p.stats, p.resplits = p.epoch + 1, 0, self.reporter.zeros(), []
+                    self.random.mark()
                 if finished and self.checkpointer.due_at_epoch(p.epoch):
                     self._checkpoint(p)
                 self.driver.commit(p)
@@ -210,8 +212,9 @@ class Trainer:
         """Train the rest of epoch p.epoch (or up to max_steps). Returns (steps, samples seen here, LR factor)."""
         config = self.config
         warmup_steps = round(config.warmup_epochs * self.steps_per_epoch)
+        self.random.mark()   # before iter() draws the epoch's seed
         # Horovod: every rank shuffles alike (seed + epoch) and resumes at the same global position.
-        self._start_epoch(p)
+        self.source.set_epoch(p.epoch, start=p.position, resplits=p.resplits)
         shard_len = self.source.shard_len()
         batches = -(-shard_len // config.batch_size)
         steps, seen, lr_factor = 0, 0, 1.0
@@ -258,24 +261,22 @@ class Trainer:
         p.stats = self.reporter.metrics.add_parts(p.stats, applied)
         return steps, seen, lr_factor
 
-    def _start_epoch(self, p: Progress) -> None:
-        self.loader_rng_at_epoch = self.loader.generator.get_state()   # before iter() draws the epoch's seed
-        self.source.set_epoch(p.epoch, start=p.position, resplits=p.resplits)
-
     def _stop_if(self, p: Progress, signum: int) -> None:   # a signal every rank agreed on (0: none)
         if signum:
             raise Stopped(signum, p.step, self._checkpoint(p) if self.config.checkpoint_on_stop else None)
 
     def _checkpoint(self, p: Progress) -> str | None:
-        # Mid-epoch, the loader's generator as the epoch began: a resume draws this epoch's seed again, as the
-        # run that never stopped did, not the next epoch's.
-        loader_rng = self.loader_rng_at_epoch if p.position else self.loader.generator.get_state()
-        return self.checkpointer.gather_and_save(p, loader_rng, is_root=self.world.is_root)
+        return self.checkpointer.gather_and_save(self._state(p), p.step, is_root=self.world.is_root)
+
+    def _state(self, p: Progress, own_loader: bool = True) -> TrainingState:
+        """What a checkpoint holds, by file key (train/stateful.py); no loader RNG without `own_loader` (elastic)."""
+        return TrainingState({"progress": p, "scaler": self.precision},
+                             {"rng": self.random if own_loader else RandomState(), "stats": MetricSums(p)})
 
     def _begin(self, found: dict[str, Any] | None, p: Progress, end_epoch: int | None = None) -> None:
         """On every rank, once the run directory's verdict is adopted: what rank 0 read to resume (already
         shared), then rank 0's banner. `end_epoch` given (elastic, inside fit): a resumed run must have work left."""
-        resumed = self.checkpointer.adopt(found, p, self.world, self.loader.generator, self.source.resplit)
+        resumed = self.checkpointer.adopt(found, self._state(p), p, self.world, self.source.resplit)
         self.reporter.resumed = self.reporter.resumed or bool(found and found.get("payload"))
         if found is not None and end_epoch is not None:
             p.check_work_left(end_epoch, self.config.max_steps)
@@ -302,8 +303,7 @@ class Trainer:
     def __enter__(self) -> Trainer:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(self, *_: object) -> None:   # an error inside the with block propagates
         self.close()
 
     def evaluate(self, data: Any = None) -> dict[str, Any]:

@@ -12,7 +12,9 @@ from hvdtrain.environment.process import Process
 from hvdtrain.output.run_directory import RunDirectory, RunDirSettings, Verdict
 from hvdtrain.train import checkpoint, elastic
 from hvdtrain.train.elastic import ElasticRun, ElasticSettings, LoopHooks
-from hvdtrain.train.progress import Progress
+from hvdtrain.train.progress import MetricSums, Progress
+from hvdtrain.train.random_state import RandomState
+from hvdtrain.train.stateful import TrainingState
 
 
 class FakeLoop:
@@ -23,11 +25,16 @@ class FakeLoop:
         self.run_path = run_path
         self.resized: list[int] = []
 
-    def save(self, p: Progress, per_rank: list[tuple[Any, Any]], *, replace: bool = True) -> str | None:
+    def save(self, state: TrainingState, step: int, gathered: list[dict[str, Any]] | None = None, *,
+             replace: bool = True) -> str | None:
         writer = checkpoint.save if replace else checkpoint.save_new
-        path = writer(checkpoint.checkpoint_dir(self.run_path), p.step,
-                      {"progress": p.values(stats=False), "workers": len(per_rank)}, 3)
+        path = writer(checkpoint.checkpoint_dir(self.run_path), step,
+                      {"progress": state.shared["progress"].state_dict(), "workers": len(gathered or [None])}, 3)
         return str(path) if path else None
+
+    def state(self, p: Progress, own_loader: bool) -> TrainingState:
+        self.own_loader = own_loader
+        return TrainingState({"progress": p}, {"rng": RandomState(), "stats": MetricSums(p)})
 
     def resize(self, world: Any) -> None:
         self.resized.append(world.size)
@@ -36,7 +43,7 @@ class FakeLoop:
 def survivor(tmp_path: Path, step: int = 10) -> tuple[ElasticRun, FakeLoop]:
     loop = FakeLoop(tmp_path)
     run_dir = RunDirectory(RunDirSettings.of(TrainConfig(run_dir="")))
-    hooks = LoopHooks(train=lambda p, end: None, begin=lambda found, p, end: None, resize=loop.resize,
+    hooks = LoopHooks(train=lambda p, end: None, begin=lambda found, p, end: None, resize=loop.resize, state=loop.state,
                       zero_stats=lambda: torch.zeros(3), check_work_left=lambda p, end: None)
     run = ElasticRun(ElasticSettings(True, 1, 45), hooks, run_dir, loop,  # type: ignore[arg-type]
                      torch.nn.Linear(1, 1), torch.optim.SGD([torch.zeros(1)], lr=0.1))
@@ -48,7 +55,7 @@ def survivor(tmp_path: Path, step: int = 10) -> tuple[ElasticRun, FakeLoop]:
 
 def test_the_last_commit_save_never_replaces_an_all_worker_checkpoint(tmp_path):
     run, loop = survivor(tmp_path)
-    loop.save(run.state.progress, [("rng", "stats")] * 4)        # rank 0's, from all 4 workers
+    loop.save(loop.state(run.state.progress, True), 10, [{}] * 4)        # rank 0's, from all 4 workers
     run._save_while_waiting()
     saved = torch.load(tmp_path / "checkpoints" / "ckpt-000000010.pt", weights_only=True)
     assert saved["workers"] == 4
@@ -67,10 +74,11 @@ def test_the_last_commit_save_leaves_rank_0s_write_in_progress_alone(tmp_path):
 
 
 def test_the_last_commit_is_saved_when_no_checkpoint_holds_it(tmp_path, capsys):
-    run, _ = survivor(tmp_path)
+    run, loop = survivor(tmp_path)
     run._save_while_waiting()
     saved = torch.load(tmp_path / "checkpoints" / "ckpt-000000010.pt", weights_only=True)
     assert saved["workers"] == 1 and "saved the last commit (step 10)" in capsys.readouterr().err
+    assert saved["progress"]["position"] == 40 and not loop.own_loader   # the committed progress, no loader RNG
 
 
 @pytest.mark.parametrize("driver_watching, gives_up", [(True, False), (False, True)])
