@@ -9,6 +9,7 @@ index) (data/sample_seeds.py), so a run resumed mid-epoch draws the same augment
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,44 +27,61 @@ def loader_seed(seed: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, rank]).generate_state(2, np.uint64)[0] >> np.uint64(1))
 
 
-def loader_options(config: TrainConfig, rank: int, device: torch.device) -> dict[str, Any]:
-    """Keyword arguments for DataLoader from the config: workers, prefetch, start method, seeds."""
+@dataclass(frozen=True)
+class LoadingSettings:
+    """What the training loader reads of the config (a DataLoader the user passed overrides all but the seed)."""
+
+    seed: int                   # --seed: with the rank, the loader generator's seed
+    batch_size: int             # per worker
+    workers: int                # loader worker processes per rank; 0 = load in the training process
+    prefetch_factor: int        # batches each loader worker prepares ahead
+    persistent_workers: bool    # loader workers kept across epochs
+    mp_context: str             # loader workers' start method
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> LoadingSettings:
+        return cls(config.seed, config.batch_size, config.workers, config.prefetch_factor,
+                   config.persistent_workers, config.mp_context)
+
+
+def loader_options(settings: LoadingSettings, rank: int, device: torch.device) -> dict[str, Any]:
+    """Keyword arguments for DataLoader: workers, prefetch, start method, seeds."""
     options: dict[str, Any] = {
-        "num_workers": config.workers,
+        "num_workers": settings.workers,
         # Page-locked host memory makes the copy to the GPU asynchronous; on CPU it is wasted work.
         "pin_memory": device.type == "cuda",
-        "generator": torch.Generator().manual_seed(loader_seed(config.seed, rank)),
+        "generator": torch.Generator().manual_seed(loader_seed(settings.seed, rank)),
     }
-    if config.workers:
+    if settings.workers:
         # Horovod: forking a process that has initialised MPI (or CUDA) is unsafe with some interconnects;
         # forkserver starts workers from a clean server process instead.
-        options.update(prefetch_factor=config.prefetch_factor, persistent_workers=config.persistent_workers,
-                       multiprocessing_context=config.mp_context)
+        options.update(prefetch_factor=settings.prefetch_factor, persistent_workers=settings.persistent_workers,
+                       multiprocessing_context=settings.mp_context)
     return options
 
 
-def build_loader(data: Any, sampler: Sampler[Any] | None, config: TrainConfig, rank: int,
-                 device: torch.device, settings: LoaderSettings | None = None) -> DataLoader:
+def build_loader(data: Any, sampler: Sampler[Any] | None, settings: LoadingSettings, rank: int,
+                 device: torch.device, user: LoaderSettings | None = None) -> DataLoader:
     """The training loader over `sampler`'s shard (the sampler decides order; workers only load).
-    A streaming dataset (sampler None) shards itself across ranks and loader workers. `settings` (from a
-    DataLoader the user passed, or a collate function) win over the config's loading options.
+    A streaming dataset (sampler None) shards itself across ranks and loader workers. `user` (from a
+    DataLoader the user passed, or a collate function) wins over `settings`' loading options.
 
     Example:
-        >>> loader = build_loader(train_ds, ShardSampler(len(train_ds), rank, size, seed=42), config, rank,
-        ...                       torch.device("cpu"))
+        >>> loader = build_loader(train_ds, ShardSampler(len(train_ds), rank, size, seed=42),
+        ...                       LoadingSettings.of(config), rank, torch.device("cpu"))
     """
-    options = loader_options(config, rank, device)
-    if settings is not None and settings.options:
-        options = {**settings.options}
+    options = loader_options(settings, rank, device)
+    if user is not None and user.options:
+        options = {**user.options}
         if options.get("generator") is None:
-            options["generator"] = loader_options(config, rank, device)["generator"]
+            options["generator"] = loader_options(settings, rank, device)["generator"]
     if sampler is None and options.get("num_workers"):
         # A stream's workers read the epoch and position set on the dataset when the epoch's iterator is
         # made: persistent workers would keep the first epoch's copy.
         options["persistent_workers"] = False
     if isinstance(sampler, ShardSampler) and options.get("num_workers"):
         # Augmentations drawn per sample, not per worker stream: a mid-epoch resume draws what it would have.
-        data, sampler = SeededSamples(data, config.seed), EpochIndices(sampler)
-    batch_size = settings.batch_size if settings is not None else config.batch_size
-    collate = settings.collate_fn if settings is not None else None
+        data, sampler = SeededSamples(data, settings.seed), EpochIndices(sampler)
+    batch_size = user.batch_size if user is not None else settings.batch_size
+    collate = user.collate_fn if user is not None else None
     return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate, **options)

@@ -11,7 +11,7 @@ from torch import nn
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.datasets import build_data, input_shape
-from hvdtrain.data.loader import build_loader
+from hvdtrain.data.loader import LoadingSettings, build_loader
 from hvdtrain.data.shard_source import ShardSource
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
 from hvdtrain.data.streaming import stream_source
@@ -129,7 +129,8 @@ class Trainer:
                                shuffle=loading.shuffle if loading else True,
                                drop_last_batch=config.batch_size if loading and loading.drop_last else 0)
         self.source: ShardSource = stream or sampler
-        self.loader = build_loader(train_data, None if stream else sampler, config, world.rank, self.device, loading)
+        self.loader = build_loader(train_data, None if stream else sampler, LoadingSettings.of(config), world.rank,
+                                   self.device, loading)
         self.random = RandomState(self.loader.generator)
         self._resize(world)
         self.after_epoch: AfterEpoch | None = None
@@ -274,8 +275,7 @@ class Trainer:
                              {"rng": self.random if own_loader else RandomState(), "stats": MetricSums(p)})
 
     def _begin(self, found: dict[str, Any] | None, p: Progress, end_epoch: int | None = None) -> None:
-        """On every rank, once the run directory's verdict is adopted: what rank 0 read to resume (already
-        shared), then rank 0's banner. `end_epoch` given (elastic, inside fit): a resumed run must have work left."""
+        """Every rank: adopt rank 0's resume reading (elastic, with `end_epoch`: work must be left), the banner."""
         resumed = self.checkpointer.adopt(found, self._state(p), p, self.world, self.source.resplit)
         self.reporter.resumed = self.reporter.resumed or bool(found and found.get("payload"))
         if found is not None and end_epoch is not None:

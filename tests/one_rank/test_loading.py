@@ -5,7 +5,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from hvdtrain.config.train_config import load_config
-from hvdtrain.data.loader import build_loader, loader_options
+from hvdtrain.data.loader import LoadingSettings, build_loader, loader_options
 from hvdtrain.data.sharding import ShardSampler
 
 CPU = torch.device("cpu")
@@ -26,7 +26,7 @@ class RandomAugment(Dataset):
 def draw(rank: int, seed: int = 42, epochs: int = 2) -> list[tuple[list[int], list[int], torch.Tensor]]:
     """Per epoch: sample order, worker of each sample, augmentations; rank `rank` of 2, 2 loader workers."""
     torch.manual_seed(seed)  # as fit() does on every rank: seeds from the global RNG would repeat across ranks
-    config = load_config(workers=2, batch_size=4, seed=seed)   # the default start method, forkserver
+    config = LoadingSettings.of(load_config(workers=2, batch_size=4, seed=seed))   # default start: forkserver
     sampler = ShardSampler(SAMPLES, rank, 2, seed=seed)
     loader = build_loader(RandomAugment(), sampler, config, rank, CPU)
     result = []
@@ -56,9 +56,9 @@ def test_two_ranks_by_two_workers_never_repeat_an_augmentation_and_order_follows
 
 
 def test_loader_options():
-    plain = loader_options(load_config(), 0, CPU)
+    plain = loader_options(LoadingSettings.of(load_config()), 0, CPU)
     assert plain["num_workers"] == 0 and not plain["pin_memory"] and "prefetch_factor" not in plain
-    many = loader_options(load_config(workers=3, prefetch_factor=4, mp_context="spawn"), 1,
+    many = loader_options(LoadingSettings.of(load_config(workers=3, prefetch_factor=4, mp_context="spawn")), 1,
                           torch.device("cuda", 0))
     assert many["pin_memory"] and many["prefetch_factor"] == 4 and many["persistent_workers"]
     assert many["multiprocessing_context"] == "spawn"

@@ -286,7 +286,7 @@ def settings_reaches(package: Path, picker: Path) -> list[str]:
 
 def test_no_component_reads_another_components_settings():
     assert {"RunDirSettings", "CheckpointSettings", "ElasticSettings", "PrecisionSettings",
-            "MetricsSettings"} <= set(settings_sections(PACKAGE))
+            "MetricsSettings", "LoadingSettings"} <= set(settings_sections(PACKAGE))
     assert not settings_reaches(PACKAGE, TRAINER), settings_reaches(PACKAGE, TRAINER)
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
 
 from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.data.loader import build_loader
+from hvdtrain.data.loader import LoadingSettings, build_loader
 from hvdtrain.data.sample_seeds import EpochIndices
 from hvdtrain.data.sharding import ShardSampler, step_samples
 from hvdtrain.data.stream_layout import length, rank_part, take
@@ -158,7 +158,7 @@ def test_a_loader_with_worker_processes_yields_the_resumed_shard_in_order():
     """A real DataLoader with 2 worker processes per rank: batches in the sampler's order, resumed or not."""
     n, size, batch = 37, 2, 4
     data = TensorDataset(torch.arange(n))
-    config = TrainConfig(batch_size=batch, workers=2, persistent_workers=False, mp_context="fork")
+    config = LoadingSettings.of(TrainConfig(batch_size=batch, workers=2, persistent_workers=False, mp_context="fork"))
 
     def batches(rank: int, position: int) -> list[list[int]]:
         loader = build_loader(data, sampler(n, rank, size, batch, False, position), config, rank,
