@@ -1,12 +1,16 @@
 """Shared fixtures: environment isolation and a real horovodrun launcher for multi-rank tests."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -111,6 +115,26 @@ def one_worker():
     from hvdtrain.distributed import runtime
 
     yield runtime.init()
+
+
+class DefaultJob(NamedTuple):
+    run: Path            # its run folder: summary.json, metrics.jsonl, config.yaml...
+    stdout: str
+
+    def last_epoch(self) -> dict:
+        records = [json.loads(line) for line in (self.run / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in records if r["kind"] == "epoch"][-1]
+
+
+@pytest.fixture(scope="session")
+def default_job() -> Iterator[DefaultJob]:
+    """The default job (digits, CNN, 10 epochs) under `horovodrun -np 2 --gloo`, one thread per worker: trained
+    once per session (~30 s of CPU) for its own accuracy test and as the reference Spark and Ray must equal.
+    Tests only read its folder."""
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-default-job-") as run_dir:
+        proc = horovodrun(2, ["-m", "hvdtrain", "--threads", "1", "--run-dir", run_dir, "--name", "default"], "gloo")
+        assert proc.returncode == 0, show(proc)
+        yield DefaultJob(Path(run_dir) / "default", proc.stdout)
 
 
 def horovodrun_cmd(np: int, args: list[str], backend: str) -> list[str]:
