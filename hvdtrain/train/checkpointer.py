@@ -1,5 +1,6 @@
-"""The checkpointer: what a checkpoint holds (the payload; its keys are the file format, unchanged), when one
-is written, and reading one on rank 0 to resume. Built from its own settings section of the config."""
+"""The checkpointer: when a checkpoint is due, writing the stateful components it is handed under their file keys
+(train/stateful.py; the keys are the file format, unchanged), and reading one on rank 0 to resume. Built from its own
+settings section of the config."""
 from __future__ import annotations
 
 import functools
