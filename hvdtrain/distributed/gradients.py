@@ -21,8 +21,8 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, 
     accumulate: backward passes per step; the allreduce starts in the last one (gradients add up locally).
     compression: "fp16" / "bf16" send float gradients as float16 / bfloat16 and restore their dtype after the
         allreduce; "none" sends them as they are (bf16 ones as float32 where Horovod lacks bfloat16).
-    bucket_mb: > 0 submits gradients in buckets of about this size, as DDP does (see `buckets`); 0: each
-        gradient alone, as soon as backward produces it.
+    bucket_mb: > 0 submits gradients in buckets of about this size, as DDP does (see `buckets`), with Gloo
+        ops; 0: each gradient alone, as soon as backward produces it.
     """
     if op == "adasum" and hvd.size() > 1 and not hvd.mpi_enabled():
         raise UserError("op adasum needs Horovod's MPI operations (Gloo has no Adasum): launch with "
@@ -76,8 +76,10 @@ def buckets(params: Iterable[torch.nn.Parameter], cap_mb: float) -> list[list[to
 def _groups_apply(op: str, gradient_predivide_factor: float) -> bool:
     # Horovod 0.28.1's grouped path drops the pre/postscale factors and Adasum has no groups; an elastic
     # job's optimizer would broadcast its groups from rank 0 when it is built, which a worker added later
-    # does while the others are in their reset: per-tensor there.
-    return op == "average" and gradient_predivide_factor == 1.0 and os.environ.get("HOROVOD_ELASTIC") != "1"
+    # does while the others are in their reset: per-tensor there. With MPI ops buckets did not win (a rank with
+    # a bucket out polls Open MPI until its peer's is complete; benchmarks/results/2026-12-06-e-buckets).
+    return (op == "average" and gradient_predivide_factor == 1.0 and os.environ.get("HOROVOD_ELASTIC") != "1"
+            and not hvd.mpi_enabled())
 
 
 def steps_in_backward(op: str) -> bool:

@@ -57,5 +57,6 @@ found = {setting: train(*setting) for setting in SETTINGS}
 digests = collectives.allgather_object({setting: run["digest"] for setting, run in found.items()}, "digests")
 if world.is_root:
     expected = {mb: len(gradients.buckets(model().parameters(), mb)) if mb else 6 for mb, _, _ in SETTINGS}
-    torch.save({"found": found, "steps": STEPS, "buckets": expected, "digests": digests}, sys.argv[1])
+    torch.save({"found": found, "steps": STEPS, "buckets": expected, "digests": digests,
+                "backend": runtime.backend_name()}, sys.argv[1])
 runtime.shutdown()
