@@ -89,7 +89,30 @@ def steps_in_backward(op: str) -> bool:
 
 def synchronize_gradients(optimizer: Any) -> None:
     """DistributedOptimizer.synchronize(), after sleeping until this step's gradient allreduces are done."""
+    send_unfinished_buckets(optimizer)
     # Horovod's wrapper keeps {param or group: (handle, ctx)}; a None or callable handle is not an op in flight.
     in_flight = getattr(optimizer, "_handles", {}).values()
     wait_quietly(handle for handle, _ in in_flight if isinstance(handle, int))
     optimizer.synchronize()
+
+
+def send_unfinished_buckets(optimizer: Any) -> None:
+    """Send every bucket whose gradients this rank's backward did not all produce (a layer skipped on this
+    rank, or on every rank) as the one grouped allreduce its peers send, the missing gradients as zeros.
+
+    Horovod 0.28.1's synchronize() would send such a bucket's parameters one by one, under other names than the
+    peers' grouped allreduce: a model whose ranks use different parameters in a step stalled. Per tensor,
+    Horovod likewise sends zeros for a parameter without a gradient, so the average is the same.
+    """
+    groups, handles = getattr(optimizer, "_group_counts", None), getattr(optimizer, "_handles", None)
+    if not groups or handles is None:
+        return
+    for group in groups:
+        if group in handles:   # its hooks sent it
+            continue
+        for param in group:
+            handles.pop(param, None)
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        handles[group] = optimizer._grouped_allreduce_grad_async(group)
+        groups[group] = 0

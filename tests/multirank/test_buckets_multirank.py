@@ -43,3 +43,16 @@ def test_the_trainer_sends_buckets_by_default_with_the_weights_of_per_tensor_all
     a = torch.load(tmp_path / "buckets" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "per-tensor" / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_a_layer_some_ranks_skip_neither_stalls_buckets_nor_changes_the_weights(tmp_path):
+    # Before hvdtrain sent unfinished buckets itself, the rank that skipped the layer sent its parameters one by one
+    # while its peer sent the bucket: Horovod stalled until this timeout (the job takes ~5 s).
+    out = tmp_path / "unused.pt"
+    proc = horovodrun(2, ["tests/ranks/unused_params.py", str(out)], "gloo", timeout=120)
+    assert proc.returncode == 0, show(proc)
+    report = torch.load(out, weights_only=False)
+    assert report["buckets"] == {25.0: 1, 0.001: 6}   # one bucket; and each tensor a bucket of its own
+    per_tensor = report["found"][0.0]
+    for bucket_mb in (25.0, 0.001):
+        torch.testing.assert_close(report["found"][bucket_mb], per_tensor, atol=0, rtol=0, msg=str(bucket_mb))
