@@ -2,7 +2,7 @@
 
 The ring bound: an allreduce of S bytes over n ranks whose links carry B bytes/s takes at least
 2(n-1)/n * S / B (each rank sends, and receives, 2(n-1)/n * S). S is what the gradients put on the
-wire: 4 bytes a parameter, 2 with fp16 compression. "fraction of the limit" = bound / measured step.
+wire: 4 bytes a parameter, 2 with fp16 or bf16 compression. "fraction of the limit" = bound / measured step.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def summarise_cell(spec: dict[str, Any], records: list[dict[str, Any]], np: int,
     if not ok:
         return row
     compression = ok[0].get("compression", "none")
-    wire = row["grad_bytes"] / (2 if compression == "fp16" else 1)
+    wire = row["grad_bytes"] / (2 if compression in ("fp16", "bf16") else 1)
     row.update(compression=compression, wire_grad_bytes=wire, ring_bound_ms=ring_bound_ms(wire, np, link_bits))
     per_rank = [r["tx_bytes_per_rank"] for r in ok if r.get("tx_bytes_per_rank")]
     if per_rank and np > 1:
@@ -88,7 +88,7 @@ def _best(groups: dict[str, Any], group: str, name: str, key: str = "best_ms") -
 
 
 def ratios(groups: dict[str, Any], backends: list[str], link_bits: float) -> dict[str, dict[str, float]]:
-    """Per model and np>1: speed ratios (>1: hvdtrain faster), step over max(compute, bound), fp16."""
+    """Per model and np>1: speed ratios (>1: hvdtrain faster), step over max(compute, bound), fp16 and bf16."""
     out: dict[str, dict[str, float]] = {}
     for group in groups:
         np = int(group.rsplit("np", 1)[1])
@@ -109,13 +109,15 @@ def ratios(groups: dict[str, Any], backends: list[str], link_bits: float) -> dic
             bound = groups[group][f"hvdtrain-{backend}"]["ring_bound_ms"]
             if compute:
                 r[f"step_over_max_compute_bound_{backend}"] = ours / max(compute, bound)
-            fp16, fp32 = groups[group].get(f"hvdtrain-{backend}-fp16", {}), groups[group][f"hvdtrain-{backend}"]
-            if fp16.get("best_ms"):
-                r[f"fp16_speedup_{backend}"] = ours / fp16["best_ms"]
-                r[f"fp16_speedup_median_{backend}"] = fp32["median_ms"] / fp16["median_ms"]
-                fp32_tx = fp32.get("tx_bytes_per_step")
-                if fp32_tx and fp16.get("tx_bytes_per_step"):
-                    r[f"fp16_tx_bytes_ratio_{backend}"] = fp16["tx_bytes_per_step"] / fp32_tx
+            fp32 = groups[group][f"hvdtrain-{backend}"]
+            for wire in ("fp16", "bf16"):
+                half = groups[group].get(f"hvdtrain-{backend}-{wire}", {})
+                if half.get("best_ms"):
+                    r[f"{wire}_speedup_{backend}"] = ours / half["best_ms"]
+                    r[f"{wire}_speedup_median_{backend}"] = fp32["median_ms"] / half["median_ms"]
+                    fp32_tx = fp32.get("tx_bytes_per_step")
+                    if fp32_tx and half.get("tx_bytes_per_step"):
+                        r[f"{wire}_tx_bytes_ratio_{backend}"] = half["tx_bytes_per_step"] / fp32_tx
         out[group] = r
     return out
 

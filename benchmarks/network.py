@@ -10,7 +10,7 @@ one implementation of the namespace setup and its cleanup. Needs root, sshd and 
 
 Variants at np>1: DDP (one torchrun per host, c10d rendezvous on host1), the compute-only step
 (each rank alone), and per Horovod backend hvdtrain and the hand-written loop (horovodrun in the
-launcher namespace, ssh into the hosts), plus hvdtrain with --compression fp16 on the first backend.
+launcher namespace, ssh into the hosts), plus hvdtrain with --compression fp16 and bf16 on the first backend.
 np=1 runs hvdtrain and the plain loop in host1 (no traffic). Each group alternates its variants
 A B C, C B A. Every rank counts the bytes its host sent over the timed steps (/proc/net/dev in its
 namespace); benchmarks/netreport.py turns them into the ring bound and the fractions.
@@ -53,8 +53,9 @@ def net_variants(np: int, backends: list[str], smoke: bool) -> list[dict[str, An
     for backend in backends:
         rows += [{"name": f"hvdtrain-{backend}", "variant": "hvdtrain", "launcher": "horovodrun", "backend": backend},
                  {"name": f"horovod-{backend}", "variant": "horovod", "launcher": "horovodrun", "backend": backend}]
-    rows.append({"name": f"hvdtrain-{backends[0]}-fp16", "variant": "hvdtrain", "launcher": "horovodrun",
-                 "backend": backends[0], "hvdtrain_args": "--compression fp16"})
+    for wire in ("fp16", "bf16"):   # half the bytes: fp16's range, or fp32's (bf16 needs the patched Horovod)
+        rows.append({"name": f"hvdtrain-{backends[0]}-{wire}", "variant": "hvdtrain", "launcher": "horovodrun",
+                     "backend": backends[0], "hvdtrain_args": f"--compression {wire}"})
     return rows
 
 

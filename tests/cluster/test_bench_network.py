@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT, show
 from netns_cluster import SSHD, rate_bits
 
-from benchmarks.netreport import ring_bound_ms
+from benchmarks.netreport import ratios, ring_bound_ms
+from benchmarks.network import net_variants
 
 
 def test_ring_bound_and_link_rates():
@@ -24,6 +25,19 @@ def test_ring_bound_and_link_rates():
     assert rate_bits("1gbit") == 1e9 and rate_bits("500mbit") == 5e8 and rate_bits("2.5gbit") == 2.5e9
     with pytest.raises(ValueError, match="1gbit"):
         rate_bits("fast")
+
+
+def test_fp16_and_bf16_wires_run_beside_fp32_and_their_bytes_are_compared():
+    rows = {row["name"]: row for row in net_variants(2, ["gloo", "mpi"], smoke=False)}
+    assert rows["hvdtrain-gloo-bf16"]["hvdtrain_args"] == "--compression bf16"
+    assert rows["hvdtrain-gloo-fp16"]["hvdtrain_args"] == "--compression fp16"
+    assert "hvdtrain-mpi-bf16" not in rows   # the first backend only
+    cell = {"best_ms": 100.0, "median_ms": 110.0, "tx_bytes_per_step": 4e6, "ring_bound_ms": 32.0}
+    groups = {"cnn/np2": {"hvdtrain-gloo": cell,
+                          "hvdtrain-gloo-bf16": dict(cell, best_ms=50.0, median_ms=55.0, tx_bytes_per_step=2e6)}}
+    found = ratios(groups, ["gloo"], 1e9)["cnn/np2"]
+    assert found["bf16_speedup_gloo"] == 2.0 and found["bf16_tx_bytes_ratio_gloo"] == 0.5
+    assert "fp16_speedup_gloo" not in found
 
 
 def test_network_smoke_run_counts_the_bytes_each_host_sent(tmp_path):
