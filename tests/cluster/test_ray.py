@@ -68,9 +68,9 @@ def test_ray_cli_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, me
     assert proc.stderr.strip() == f"hvdtrain: error: {message}", show(proc)
 
 
-def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray(cluster, tmp_path):
+def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray(cluster, tmp_path, default_job):
     """Rank 0's History comes back; both actors ran on different worker nodes; the weights equal horovodrun's
-    (hvdtrain.launch) with the same seed; a credential reaches the workers but no command line or Ray metadata."""
+    (the default job) with the same seed; a credential reaches the workers but no command line or Ray metadata."""
     secret = f"s3cr3t-{uuid.uuid4().hex}"
     config = hvdtrain.load_config(run_dir=str(tmp_path), name="ray", threads=1)
     reports = hvdtrain.ray.fit(fit_and_report, config, "HVDTRAIN_RAYTEST_TOKEN", num_workers=2,
@@ -98,12 +98,13 @@ def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray
         assert secret not in shown, listing.__name__
     assert secret not in repr(list_jobs(address=cluster.dashboard))
 
-    # The same trainer, not a Ray copy of it: horovodrun's workers end with the very same weights.
-    launched = hvdtrain.launch(hvdtrain.load_config(run_dir="", threads=1), np=2)
-    assert launched.summary["param_digests"] == digests
+    # The same trainer, not a Ray copy of it: horovodrun's workers (the session's default job) end with the very
+    # same weights.
+    launched = default_job.last_epoch()
+    assert json.loads((default_job.run / "summary.json").read_text())["param_digests"] == digests
     # Exact, not an accuracy bar: the default job's target is test_trainer_multirank's to prove.
-    assert launched[-1]["val_acc"] == history[-1]["val_acc"], (launched.table(), history.table())
-    assert launched[-1]["val_loss"] == pytest.approx(history[-1]["val_loss"], abs=1e-6)
+    assert launched["val_acc"] == history[-1]["val_acc"], (launched, history.table())
+    assert launched["val_loss"] == pytest.approx(history[-1]["val_loss"], abs=1e-6)
 
 
 def test_ray_job_submit_runs_the_cli_against_the_cluster(cluster, tmp_path):
