@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from hvdtrain.config.train_config import TrainConfig, to_yaml
 from hvdtrain.errors import ConfigError
+from hvdtrain.launcher.grace import GRACE_ENV
 from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
 from hvdtrain.tracking.study_run import StudyRun
 from hvdtrain.train.lr_schedule import scaled_lr
@@ -59,11 +60,20 @@ def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
     if settings.launcher == "srun":
         return srun_command(config_file, settings)
     hosts = settings.hosts or f"localhost:{settings.np}"
-    command = [horovodrun(), "-np", str(settings.np), "-H", hosts, f"--{settings.backend}",
+    # Over Gloo horovodrun itself stops the workers: through launcher/grace.py they get the trial's --grace-s
+    # (job_env) after SIGTERM to write their stop checkpoint and exit, not Horovod's 5 s (a pruned trial's
+    # workers were SIGKILLed mid-exit on a loaded machine).
+    launcher = [sys.executable, "-m", "hvdtrain.launcher.grace"] if settings.backend == "gloo" else [horovodrun()]
+    command = [*launcher, "-np", str(settings.np), "-H", hosts, f"--{settings.backend}",
                "--start-timeout", "120", "--disable-cache"]
     if hosts.startswith("localhost:"):
         command += ["--network-interfaces", "lo"]   # Horovod: one machine, talk over loopback
     return [*command, sys.executable, "-m", "hvdtrain", "--config", str(config_file)]
+
+
+def job_env(settings: TuneSettings) -> dict[str, str]:
+    """What job_command's launcher reads: the workers' grace after SIGTERM, in whole seconds (>= 1)."""
+    return {GRACE_ENV: str(max(1, int(settings.grace_s)))}
 
 
 def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress: Progress,
@@ -160,7 +170,8 @@ def _start(study: Study, space: dict[str, Param], base: TrainConfig, env: dict[s
     log = log_file.open("wb")
     proc = subprocess.Popen(job_command(config_file, settings), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
-                            env=dict(env, PYTHONUNBUFFERED="1", **({"CUDA_VISIBLE_DEVICES": gpus} if gpus else {})))
+                            env=dict(env, PYTHONUNBUFFERED="1", **job_env(settings),
+                                     **({"CUDA_VISIBLE_DEVICES": gpus} if gpus else {})))
     # What a later run needs to stop this job should this process die (the config path marks it as ours).
     trial.set_user_attr("job_pid", proc.pid)
     trial.set_user_attr("job_config", str(config_file))

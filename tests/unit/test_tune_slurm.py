@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain.errors import ConfigError
-from hvdtrain.tuning.job_runner import error_line, job_command
+from hvdtrain.tuning.job_runner import error_line, job_command, job_env
 from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.slurm import in_allocation, srun_command, step_env
 from hvdtrain.tuning.space import parse_space
@@ -48,7 +48,10 @@ def test_a_trial_is_a_job_step_with_every_worker_started_by_srun():
     assert gloo == ["srun", "--ntasks=4", "--mpi=none", "--kill-on-bad-exit=1", "--job-name=trial-0003",
                     sys.executable, "-m", "hvdtrain", "--config", str(config)]
     assert srun_command(config, TuneSettings(trials=2, backend="mpi"))[2] == "--mpi=pmix"
-    assert job_command(config, TuneSettings(trials=2))[0].endswith("horovodrun")
+    # Gloo: horovodrun through launcher/grace.py, so the workers get --grace-s after SIGTERM; MPI: mpirun's rules
+    assert job_command(config, TuneSettings(trials=2))[:3] == [sys.executable, "-m", "hvdtrain.launcher.grace"]
+    assert job_env(TuneSettings(trials=2, grace_s=30.5)) == {"HVDTRAIN_GRACE_S": "30"}
+    assert job_command(config, TuneSettings(trials=2, backend="mpi"))[0].endswith("horovodrun")
 
 
 def test_srun_gets_the_jobs_cpus_per_task_unless_already_set():
