@@ -119,6 +119,21 @@ class RayCluster:
     def alive(self) -> list[str]:
         return [name for name, proc in self.nodes.items() if proc.poll() is None]
 
+    def alive_workers(self) -> dict[str, str]:
+        """Live worker nodes: name -> IP."""
+        return {f"worker{i}": ip for i, ip in enumerate(self.worker_ips) if self.nodes[f"worker{i}"].poll() is None}
+
+    def alive_worker_ips(self) -> set[str]:
+        return set(self.alive_workers().values())
+
+    def top_up(self, workers: int, timeout: float = 120) -> None:
+        """Start worker nodes until `workers` are alive (after a test killed some), and wait until they count."""
+        if len(self.alive_worker_ips()) >= workers:
+            return
+        while len(self.alive_worker_ips()) < workers:
+            self.add_worker(timeout)
+        self.wait_for_nodes(len(self.alive()), timeout)
+
     def _wait_for(self, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         log = self.folder / f"{name}.log"
