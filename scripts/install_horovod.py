@@ -134,10 +134,16 @@ _TOP_ABI = (
     "    if (Tensorflow_CXX11 OR (NOT DEFINED Tensorflow_CXX11 AND Pytorch_CXX11))\n"
     "        target_compile_definitions(compatible17_gloo",
 )
+# The C++11 gloo is built only where a target links it (torch < 2.1, TensorFlow or MXNet): with torch >= 2.1 alone
+# nothing does (the extension links compatible17_gloo), and its 38 objects were a third of a fresh compile.
+_TOP_GLOO_ON_DEMAND = (
+    "    add_subdirectory(third_party/gloo)\n",
+    "    add_subdirectory(third_party/gloo EXCLUDE_FROM_ALL)\n",
+)
 PATCHES = {
     "horovod/torch/CMakeLists.txt": (_TORCH_STD, _TORCH_GLOO, _TORCH_EXPORT),
     "cmake/Modules/FindPytorch.cmake": (_FIND_PYTORCH_CPU_ONLY,),
-    "CMakeLists.txt": (_TOP_GLOO17, _TOP_ABI),
+    "CMakeLists.txt": (_TOP_GLOO17, _TOP_ABI, _TOP_GLOO_ON_DEMAND),
 }
 # g++ 13's libstdc++ no longer drags <cstdint>/<string>/<stdexcept> in through other standard headers;
 # 0.28.1's headers relied on that (fixed upstream after the release, horovod#3957). group_table.h is the
@@ -469,7 +475,7 @@ def compile_wheel(python: str, src: Path, out: Path, env: dict[str, str], log: P
     # --no-build-isolation: the build must see the installed torch, so its build tools come from here.
     if run([python, "-m", "pip", "install", "setuptools", "wheel"], log).returncode != 0:
         raise InstallError(f"pip could not install setuptools/wheel for the build; full log: {log}")
-    say(f"compiling horovod {HOROVOD_VERSION} (C++: core, gloo twice, torch extension). "
+    say(f"compiling horovod {HOROVOD_VERSION} (C++: core, gloo, torch extension). "
         f"This takes about 8-10 minutes on 2 cores and happens once per torch/Python version; "
         f"log: {log}")
     done = threading.Event()
