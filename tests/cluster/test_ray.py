@@ -124,7 +124,8 @@ def test_ray_job_submit_runs_the_cli_against_the_cluster(cluster, tmp_path):
     assert proc.returncode == 0, show(proc)
     assert "hvdtrain: ray run done: 2 worker(s)" in proc.stdout, show(proc)
     # Each worker's lines come back tagged with its rank and node.
-    tagged = r"^\(hvdtrain rank 0 on 127\.0\.0\.1[12] pid=\d+[,)].*hvdtrain: done"   # no colour codes either
+    nodes = "|".join(map(re.escape, sorted(cluster.alive_worker_ips())))   # 127.0.0.11/12, or their replacements
+    tagged = rf"^\(hvdtrain rank 0 on (?:{nodes}) pid=\d+[,)].*hvdtrain: done"   # no colour codes either
     assert re.search(tagged, proc.stdout, re.M), show(proc)
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["workers"] == 2 and len(set(summary["param_digests"])) == 1, summary
