@@ -8,6 +8,7 @@ returns the same report.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -81,28 +82,30 @@ def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **opti
     # Horovod: only training needs the workers; int8 alone starts Horovod only when a launcher started
     # several processes, so that they all return rank 0's report.
     trains = any(m in TRAINED for m in opts.methods)
-    world = runtime.init() if trains or process.current().size > 1 else None
-    is_root = process.is_rank_zero()
-    outcomes: list[tuple[str, Outcome]] = []
-    for name in opts.methods:
-        if name == "int8":
-            if is_root:  # no training: the other ranks wait for the report
-                outcomes.append((name, quantize.compress(run, opts)))
-        elif name == "prune":
-            outcomes.append((name, prune.compress(run, opts)))
-        else:
-            assert student is not None
-            outcomes.append((name, distill.compress(run, opts, *student)))
-    result, error = None, None
-    if is_root:
-        try:
-            result = measure_and_write(run, opts, out_path, outcomes)
-            tracked.log(run, opts, out_path, result)  # its failures are one warning, never the report's
-        except UserError as err:
-            error = str(err)
-    if world is not None:
-        # Horovod: every rank returns rank 0's report (or raises its error) instead of hanging.
-        result, error = collectives.broadcast_object((result, error), name="compress_report")
+    # An in-process run gives the caller's os.environ back when it ends (runtime.started).
+    horovod = runtime.started() if trains or process.current().size > 1 else nullcontext(None)
+    with horovod as world:
+        is_root = process.is_rank_zero()
+        outcomes: list[tuple[str, Outcome]] = []
+        for name in opts.methods:
+            if name == "int8":
+                if is_root:  # no training: the other ranks wait for the report
+                    outcomes.append((name, quantize.compress(run, opts)))
+            elif name == "prune":
+                outcomes.append((name, prune.compress(run, opts)))
+            else:
+                assert student is not None
+                outcomes.append((name, distill.compress(run, opts, *student)))
+        result, error = None, None
+        if is_root:
+            try:
+                result = measure_and_write(run, opts, out_path, outcomes)
+                tracked.log(run, opts, out_path, result)  # its failures are one warning, never the report's
+            except UserError as err:
+                error = str(err)
+        if world is not None:
+            # Horovod: every rank returns rank 0's report (or raises its error) instead of hanging.
+            result, error = collectives.broadcast_object((result, error), name="compress_report")
     if error:
         raise UserError(error)
     assert result is not None

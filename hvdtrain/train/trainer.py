@@ -86,7 +86,7 @@ class Trainer:
             config = dataclasses.replace(config, batch_size=loading.batch_size)  # the user's DataLoader's
         self.config = config
         self.val_collate, self.eval_batch_size = data.val_collate, data.val_batch_size or config.eval_batch_size
-        world = self.world = runtime.init(settings.horovod_env(config))  # Horovod: timeline, autotune, stall check
+        world = self.world = runtime.start(settings.horovod_env(config))  # Horovod: timeline, autotune, stall check
         torch.set_num_threads(config.threads or threads_per_worker(world.local_size))
         keep_host_memory(config.keep_host_memory)  # a step's tensors reuse the last step's pages
         # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.
@@ -168,7 +168,7 @@ class Trainer:
         if not first_call:
             p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
         self.reporter.samples_this_fit, start = 0, time.perf_counter()
-        with self.driver.watching():   # Horovod: a lost or frozen rank is named, never a hang
+        with self.driver.watching(), runtime.running():   # Horovod: a lost or frozen rank is named, never a hang
             self.progress = self.driver.run(p, end_epoch)
             self.reporter.finish(self.progress, time.perf_counter() - start, self.model, self.world)
         return self.history
@@ -337,11 +337,11 @@ def fit(config: TrainConfig) -> History:
         >>> history = hvdtrain.fit(hvdtrain.load_config(model="mlp", epochs=5))
     """
     torch.manual_seed(config.seed)
-    # Horovod: started before the data loads. A run refused its folder stops before loading anything, and
-    # an elastic worker joining a running job is in the new world at once: the others wait for its data in
-    # the first sync, not in a rendezvous that gives up after --gloo-timeout-seconds.
-    world = runtime.init(settings.horovod_env(config))
-    with RunDirectory(RunDirSettings.of(config)) as run:   # a run that fails before writing leaves no folder
+    # Horovod: started before the data loads. A run refused its folder stops before loading anything, and an elastic
+    # worker joining a running job is in the new world at once: the others wait for its data in the first sync, not
+    # in a rendezvous that gives up after --gloo-timeout-seconds. A run that fails before writing leaves no folder;
+    # any run gives the variables it set back to the caller's os.environ when it ends (runtime.started).
+    with runtime.started(settings.horovod_env(config)) as world, RunDirectory(RunDirSettings.of(config)) as run:
         (ElasticRun if config.elastic else LocalRun).claim_early(run, is_root=world.is_root)
         data = build_data(config)
         model = build_model(config, input_shape(data.train), data.num_classes)

@@ -102,14 +102,16 @@ def _close(tracked: StudyRun, settings: TuneSettings, result: TuneResult) -> Non
 
 
 def _inprocess(params: dict[str, Param], base: TrainConfig, settings: TuneSettings) -> TuneResult:
-    from hvdtrain.distributed import collectives
+    from hvdtrain.distributed import collectives, runtime
+    from hvdtrain.distributed.settings import horovod_env
     from hvdtrain.tuning.inprocess import run_inprocess
 
     # Rank 0 alone holds the study's parent run; its trials' runs nest under it as in job mode.
     tracked = _track(settings, base) if process.is_rank_zero() else None
     result = None
     try:
-        study = run_inprocess(params, base, settings, tracked)
+        with runtime.started(horovod_env(base)):   # the caller's os.environ is given back after the trials
+            study = run_inprocess(params, base, settings, tracked)
         if study is not None:   # rank 0
             try:
                 result = _report(study, base)

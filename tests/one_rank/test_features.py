@@ -88,10 +88,13 @@ def test_open_mpi_yields_when_idle_unless_the_user_says_otherwise(monkeypatch, p
     a core at np=2) are in the environment when hvd.init() runs; a value already there wins."""
     fake = FakeHorovod()
     monkeypatch.setattr(runtime, "hvd", fake)
+    monkeypatch.setattr(runtime, "_READ_AT_START", {})   # the fake's start is not this process's Horovod's
+    monkeypatch.setattr(runtime, "_SET_FOR_START", {})
     monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
     if preset is not None:
         monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", preset)
-    runtime.init({"HOROVOD_AUTOTUNE": "1"})
+    with runtime.started({"HOROVOD_AUTOTUNE": "1"}):
+        pass
     assert fake.seen["OMPI_MCA_mpi_yield_when_idle"] == expected
     assert fake.seen["HOROVOD_AUTOTUNE"] == "1"
 

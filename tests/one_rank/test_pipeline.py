@@ -80,12 +80,10 @@ def test_a_list_of_stages_and_errors():
         Pipeline(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)), [CPU] * 2, split=(1, 1))
 
 
-def test_trainer_runs_a_pipeline_in_one_real_worker():
+def test_trainer_runs_a_pipeline_in_one_real_worker(one_worker):
     from hvdtrain.data.datasets import build_data
-    from hvdtrain.distributed import runtime
     from hvdtrain.train.trainer import Trainer
 
-    runtime.init()
     config = load_config(model="mlp", hidden=32, stages=3, micro_batches=2, max_steps=5, run_dir="", threads=1)
     data = build_data(config)
     trainer = Trainer(build_model(config, (1, 8, 8), 10), data.train, data.val, config=config)

@@ -78,3 +78,26 @@ def test_rank_variables_a_launcher_set_are_never_overwritten():
     env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "RANK": "1", "WORLD_SIZE": "2",
            "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
     assert process.export_rank_env(env) is None and env["RANK"] == "1" and env["WORLD_SIZE"] == "2"
+
+
+def test_a_run_gives_back_what_it_set_unless_changed_since():
+    """environment/caller.py: two runs open at once (two Trainers in a notebook), closed in either order."""
+    import doctest
+
+    from hvdtrain.environment import caller
+
+    result = doctest.testmod(caller)
+    assert result.attempted and not result.failed
+    for first_closed in ("a", "b"):
+        env = {"HOME": "/root"}
+        before_a = dict(env)
+        env.update(RANK="0", HOROVOD_CYCLE_TIME="2")
+        started_a = dict(env)
+        before_b, started_b = dict(env), dict(env)        # b set nothing new: a's values are there
+        closing = [(before_a, started_a), (before_b, started_b)]
+        for before, started in closing if first_closed == "a" else closing[::-1]:
+            caller.give_back(env, before, started)
+        assert env == {"HOME": "/root"}
+    env = {"HOME": "/root", "RANK": "5"}                  # the user set RANK during the run: theirs now
+    assert caller.give_back(env, {"HOME": "/root"}, {"HOME": "/root", "RANK": "0"}) == []
+    assert env == {"HOME": "/root", "RANK": "5"}
