@@ -54,7 +54,7 @@ class Checkpointer:
 
     def __init__(self, settings: CheckpointSettings, run: RunDirectory, model: torch.nn.Module, optimizer: Any,
                  data: tuple[Any, Any]) -> None:
-        self.settings, self.run, self.optimizer, self.data = settings, run, optimizer, data
+        self.settings, self.run, self.data = settings, run, data
         self.weights: dict[str, Stateful] = {"model": PlainWeights(model), "optimizer": optimizer}
 
     @functools.cached_property
@@ -74,7 +74,7 @@ class Checkpointer:
         if not self.settings.resume:
             return None
         return read_on_root(self.settings.resume, self.settings.record, self.settings.changed_data, run_path,
-                            self.weights, self.optimizer, self.data_fingerprint)
+                            self.weights, self.data_fingerprint)
 
     def adopt(self, found: dict[str, Any] | None, state: TrainingState, p: Progress, world: runtime.World,
               resplit: Callable[[Resplits, int, int], Resplits]) -> str | None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -68,12 +68,11 @@ def _differ(a: Any, b: Any) -> bool:
 
 
 def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_path: str | None,
-                 weights: dict[str, Stateful], optimizer: torch.optim.Optimizer,
-                 data: dict[str, Any] | None = None) -> dict[str, Any]:
+                 weights: dict[str, Stateful], data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Load `weights` (model and optimizer, by file key) on this rank; return what the other ranks need: every
     other component's state in the file. `resume`: --resume; `config`: this run's (as a dict), compared with the
     checkpoint's; `changed_data`: --resume-changed-data; `data`: this run's data fingerprint
-    (data/fingerprint.py), compared with the checkpoint's; `optimizer`: its settings win over the file's."""
+    (data/fingerprint.py), compared with the checkpoint's. The optimizer's param-group settings win over the file's."""
     notes: list[str] = []
     if resume == "auto":
         directory = checkpoint.checkpoint_dir(run_path or "")
@@ -101,6 +100,7 @@ def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_pat
     if data_change:
         notes.append(f"the data changed since the checkpoint ({data_change}); resumed over it "
                      "(--resume-changed-data accept)")
+    optimizer = cast(torch.optim.Optimizer, weights["optimizer"])   # Horovod's wrapper: a torch Optimizer subclass
     wanted = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         for name, component in weights.items():
