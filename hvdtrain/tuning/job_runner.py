@@ -63,7 +63,7 @@ def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
     # Over Gloo horovodrun itself stops the workers: through launcher/grace.py they get the trial's --grace-s
     # (job_env) after SIGTERM to write their stop checkpoint and exit, not Horovod's 5 s (a pruned trial's
     # workers were SIGKILLed mid-exit on a loaded machine).
-    launcher = [sys.executable, "-m", "hvdtrain.launcher.grace"] if settings.backend == "gloo" else [horovodrun()]
+    launcher = [sys.executable, "-m", "hvdtrain.launcher.grace"] if _graced(settings) else [horovodrun()]
     command = [*launcher, "-np", str(settings.np), "-H", hosts, f"--{settings.backend}",
                "--start-timeout", "120", "--disable-cache"]
     if hosts.startswith("localhost:"):
@@ -71,9 +71,16 @@ def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
     return [*command, sys.executable, "-m", "hvdtrain", "--config", str(config_file)]
 
 
+def _graced(settings: TuneSettings) -> bool:
+    """Whether job_command starts horovodrun through launcher/grace.py (Gloo); with --mpi horovodrun exec()s
+    mpirun, and srun steps have Slurm's own rules after SIGTERM."""
+    return settings.launcher != "srun" and settings.backend == "gloo"
+
+
 def job_env(settings: TuneSettings) -> dict[str, str]:
-    """What job_command's launcher reads: the workers' grace after SIGTERM, in whole seconds (>= 1)."""
-    return {GRACE_ENV: str(max(1, int(settings.grace_s)))}
+    """What job_command's launcher reads: for launcher/grace.py, the workers' grace after SIGTERM in whole seconds
+    (>= 1). Nothing else reads it (mpirun, srun and the workers don't): other trials get nothing."""
+    return {GRACE_ENV: str(max(1, int(settings.grace_s)))} if _graced(settings) else {}
 
 
 def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress: Progress,

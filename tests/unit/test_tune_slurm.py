@@ -51,6 +51,9 @@ def test_a_trial_is_a_job_step_with_every_worker_started_by_srun():
     # Gloo: horovodrun through launcher/grace.py, so the workers get --grace-s after SIGTERM; MPI: mpirun's rules
     assert job_command(config, TuneSettings(trials=2))[:3] == [sys.executable, "-m", "hvdtrain.launcher.grace"]
     assert job_env(TuneSettings(trials=2, grace_s=30.5)) == {"HVDTRAIN_GRACE_S": "30"}
+    # ...read only by launcher/grace.py: not set where nothing reads it (mpirun's or srun's own rules apply)
+    assert job_env(TuneSettings(trials=2, grace_s=30, backend="mpi")) == {}
+    assert job_env(TuneSettings(trials=2, grace_s=30, launcher="srun")) == {}
     assert job_command(config, TuneSettings(trials=2, backend="mpi"))[0].endswith("horovodrun")
 
 
