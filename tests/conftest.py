@@ -24,10 +24,10 @@ sys.path.insert(0, str(PLUGINS_DIR))
 # pytest's own variable, changed by it between phases: not a test's leak.
 PYTEST_OWN = "PYTEST_CURRENT_TEST"
 # Set by libraries in their own process the first time they are used (torch's inductor cache and its compiled
-# code's tensor pointer, Intel OpenMP at import): restored like any other, but not reported, since no test can
-# avoid them.
+# code's tensor pointer, Intel OpenMP at import, MLflow's telemetry session): restored like any other, but not
+# reported, since no test can avoid them.
 LIBRARY_SET = {"TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "KMP_DUPLICATE_LIB_OK",
-               "KMP_INIT_AT_FORK"}
+               "KMP_INIT_AT_FORK", "_MLFLOW_TELEMETRY_SESSION_ID"}
 TIERS = ("unit", "one_rank", "multirank", "cluster")
 # A job small enough to compare weights across launches: 2 workers x batch b must equal 1 worker x 2b.
 EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction", "0.2",

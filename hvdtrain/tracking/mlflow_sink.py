@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hvdtrain.environment.caller import give_back
 from hvdtrain.environment.credentials import looks_secret, redact
 
 # MLflow retries a failed request 7 times with a doubling backoff and waits 120 s for an answer, so a
@@ -19,6 +20,8 @@ from hvdtrain.environment.credentials import looks_secret, redact
 # own settings win.
 QUICK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
               "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+# MLflow prints "View run at <the URI, password included>" when a run ends, unless this says "true".
+NO_URL_PRINTED = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 # log_batch takes at most 1000 metrics and 100 params per call.
 METRICS_PER_CALL = 1000
 PARAMS_PER_CALL = 100
@@ -41,6 +44,9 @@ class MlflowSink:
         self.client: Any = None
         self.run_id = ""
         self.resumed = False
+        # What open() found and set of MLflow's variables in os.environ (MLflow reads them at every request),
+        # given back by close() or give_back_environ(): a notebook's or test runner's process outlives the run.
+        self.environ: tuple[dict[str, str], dict[str, str]] | None = None
 
     @property
     def shown_uri(self) -> str:
@@ -58,10 +64,14 @@ class MlflowSink:
 
     def open(self, params: Mapping[str, str], tags: Mapping[str, str]) -> str:
         """Connect, create the run or take up the one this folder already has; returns what happened."""
+        # Named variables only: this may run on the tracker's thread while the training thread changes others.
+        names = [*QUICK_HTTP, NO_URL_PRINTED]
+        before = {name: os.environ[name] for name in names if name in os.environ}
         for name, value in QUICK_HTTP.items():
             os.environ.setdefault(name, value)
-        if looks_secret(self.uri):   # MLflow prints "View run at <the URI, password included>" when a run ends
-            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+        if looks_secret(self.uri):
+            os.environ[NO_URL_PRINTED] = "true"
+        self.environ = before, {name: os.environ[name] for name in names if name in os.environ}
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -102,9 +112,18 @@ class MlflowSink:
                 for name in names}
 
     def close(self, artifacts: Sequence[Path], status: str) -> None:
-        for path in artifacts:
-            self.client.log_artifact(self.run_id, str(path))
-        self.client.set_terminated(self.run_id, status=status)
+        try:
+            for path in artifacts:
+                self.client.log_artifact(self.run_id, str(path))
+            self.client.set_terminated(self.run_id, status=status)
+        finally:
+            self.give_back_environ()
+
+    def give_back_environ(self) -> None:
+        """MLflow's variables as open() found them (a value changed since is left alone); twice is harmless."""
+        if self.environ is not None:
+            give_back(os.environ, *self.environ)
+            self.environ = None
 
     def experiment_id(self) -> str:
         from mlflow.exceptions import MlflowException

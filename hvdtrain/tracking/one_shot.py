@@ -63,5 +63,7 @@ def log_run(folder: Path, *, tracking: str, experiment: str, params: Mapping[str
         warn(f"tracking: cannot log {folder} to {sink.where} ({redact(first_line(err))}); "
              "the results are in the folder")
         return ""
+    finally:
+        sink.give_back_environ()
     say(f"tracking: {said}")
     return sink.run_id

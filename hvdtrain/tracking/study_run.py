@@ -77,6 +77,7 @@ class StudyRun:
 
     def _fail(self, why: str) -> None:
         self.failed = True
+        self.sink.give_back_environ()   # no more requests
         self.warn(f"tracking: {why}; the study goes on untracked, its files are whole in its folder")
 
 

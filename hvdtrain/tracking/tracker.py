@@ -55,6 +55,8 @@ class Sink(Protocol):
 
     def logged_steps(self) -> dict[str, int]: ...
 
+    def give_back_environ(self) -> None: ...   # what open() set in os.environ, as it found it (close() does too)
+
     @property
     def run_id(self) -> str: ...
 
@@ -163,6 +165,7 @@ class Tracker:
 
     def _fail(self, why: str) -> None:
         self.failed = True
+        self.sink.give_back_environ()   # no more requests
         self.warn(f"tracking: {why}; training goes on untracked, its files are whole in the run folder")
 
 

@@ -84,6 +84,9 @@ class WandbSink:
             self.run.log(rows[step], step=step)
             self.last_step = step
 
+    def give_back_environ(self) -> None:
+        """Nothing to give back: hvdtrain passes W&B's settings to wandb.init(), not through os.environ."""
+
     def close(self, artifacts: Sequence[Path], status: str) -> None:
         import wandb
 

@@ -69,6 +69,21 @@ def test_a_trainer_that_fails_to_start_gives_the_environment_back(tmp_path):
     assert changed(before) == {}
 
 
+def test_a_tracked_fit_leaves_mlflows_variables_as_it_found_them(tmp_path, monkeypatch):
+    """The tracker's MLflow sink sets MLflow's quick-retry settings for its requests, and gives them back."""
+    pytest.importorskip("mlflow")
+    from hvdtrain.tracking.mlflow_sink import QUICK_HTTP
+
+    for name in [*QUICK_HTTP, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "MLFLOW_TRACKING_URI"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "99")              # the user's own: it stays as it is
+    before = dict(os.environ)
+    fit(load_config(None, [*MLP, "--tracking", "mlflow", "--tensorboard", "false", "--run-dir", str(tmp_path),
+                           "--name", "tracked"]))
+    assert (tmp_path / "tracked" / "tracking.json").exists()               # it did track
+    assert changed(before) == {}
+
+
 FIRST_START = """
 import os, sys
 from hvdtrain.config.train_config import load_config
