@@ -12,7 +12,8 @@ the extension as C++17 and links it against a C++17 copy of gloo (the block Horo
 TensorFlow), which is what upstream master did after the last release. `apply_gcc13_fix` adds the
 standard includes g++ 13 (Ubuntu 24.04, the GPU image's base) needs in two of its headers.
 `apply_bf16` adds bfloat16 as a Horovod data type (scripts/horovod_bf16.py); `apply_perf` lets idle ranks skip
-Horovod's per-cycle negotiation (scripts/horovod_perf.py, HOROVOD_IDLE_CYCLE_TIME).
+Horovod's per-cycle negotiation and allreduces without copies or Gloo's ring where it can
+(scripts/horovod_perf.py: HOROVOD_IDLE_CYCLE_TIME, HOROVOD_EXCHANGE_ALLREDUCE).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from horovod_bf16 import BF16_BINDING, BF16_MARKER, BF16_PATCHES, patch_set_hash
-from horovod_perf import IDLE_ENV, PERF_MARKER, PERF_PATCHES
+from horovod_perf import EXCHANGE_ENV, IDLE_ENV, PERF_MARKER, PERF_PATCHES
 
 HOROVOD_VERSION = "0.28.1"
 CXX17_MARKER = "# hvdtrain: C++17 fix for torch >= 2.1"
@@ -522,13 +523,15 @@ def verify(python: str, expected: tuple[str, ...] = EXPECTED_BUILD) -> str:
 
 def installed_matches(python: str, torch_version: str) -> bool:
     """Horovod HOROVOD_VERSION is installed, imports, carries hvdtrain's patches (the bfloat16 binding; the idle-cycle
-    variable's name compiled into the extension: a wheel built before either landed must be rebuilt), and was built
+    and exchange-allreduce variables' names compiled into the extension: a wheel built before one landed must be
+    rebuilt), and was built
     against this very torch: its metadata.json names the torch it was compiled with (a torch upgrade or a CPU/CUDA
     switch must rebuild it)."""
     code = ("import horovod, horovod.torch, horovod.torch.mpi_lib_v2 as lib, json, os, torch; "
             f"assert horovod.__version__ == {HOROVOD_VERSION!r}; "
             f"assert hasattr(lib, {BF16_BINDING!r}); "
-            f"assert {IDLE_ENV.encode()!r} in open(lib.__file__, 'rb').read(); "
+            f"lib_bytes = open(lib.__file__, 'rb').read(); "
+            f"assert {IDLE_ENV.encode()!r} in lib_bytes and {EXCHANGE_ENV.encode()!r} in lib_bytes; "
             f"assert torch.__version__ == {torch_version!r}; "
             "meta = json.load(open(os.path.join(os.path.dirname(horovod.__file__), 'metadata.json'))); "
             f"assert meta.get('pytorch') == {torch_version!r}")

@@ -34,11 +34,14 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, 
     bucketed = bucket_mb > 0 and _groups_apply(op, gradient_predivide_factor)
     groups = buckets(model.parameters(), bucket_mb) if bucketed else None
     compressor = {"fp16": hvd.Compression.fp16, "bf16": wire.Bf16Compressor}.get(compression, wire.no_compression())
-    return hvd.DistributedOptimizer(
+    wrapped = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=compressor,
         backward_passes_per_step=accumulate, op=hvd.Adasum if op == "adasum" else hvd.Average,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups)
+    if groups and compression == "none" and os.environ.get("HVDTRAIN_GRAD_VIEWS", "1") != "0":
+        keep_gradient_views(wrapped, GradientViews(groups))
+    return wrapped
 
 
 # DDP's first bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES): the last layers' gradients go out
@@ -71,6 +74,49 @@ def buckets(params: Iterable[torch.nn.Parameter], cap_mb: float) -> list[list[to
         groups[-1].append(param)
         size += nbytes
     return [group for group in groups if group]
+
+
+class GradientViews:
+    """One flat buffer per bucket, each gradient a view of its slice (DDP's gradient_as_bucket_view).
+
+    Backward then adds each gradient into its slice in place, so a bucket's gradients lie back to back in memory,
+    in the bucket's order, and hvdtrain's patched Horovod allreduces them there (scripts/horovod_perf.py): no copy
+    into its fusion buffer and out again on the background thread. Correct either way: a Horovod without the patch,
+    or a gradient that is no longer a view (replaced by user code), takes the fusion buffer as before.
+    """
+
+    def __init__(self, groups: list[list[torch.nn.Parameter]]):
+        # The last bucket (the first layers, sent when backward ends) has one more float32 element after its
+        # gradients when it is float32: `flag`, where the step's non-finite-loss flag is written, so that the flag,
+        # sent just after it and fused with it, still lies back to back with the gradients.
+        extra = [0] * (len(groups) - 1) + [1 if groups[-1][0].dtype == torch.float32 else 0]
+        self.flats = [torch.zeros(sum(p.numel() for p in group) + more, dtype=group[0].dtype, device=group[0].device)
+                      for group, more in zip(groups, extra)]
+        self.groups = groups
+        self.flag = self.flats[-1][-1:] if extra[-1] else None
+
+    def attach(self) -> None:
+        """Zero the buffers and make every gradient its slice again (after zero_grad set them to None)."""
+        for flat, group in zip(self.flats, self.groups):
+            flat.zero_()
+            start = 0
+            for param in group:
+                param.grad = flat[start:start + param.numel()].view_as(param)
+                start += param.numel()
+
+
+def keep_gradient_views(optimizer: Any, views: GradientViews) -> None:
+    """Attach the views now, and again after every zero_grad(): torch 2.x's sets gradients to None, and backward
+    would then hand each parameter a fresh tensor of its own."""
+    plain_zero_grad = optimizer.zero_grad
+
+    def zero_grad(set_to_none: bool = True) -> None:
+        plain_zero_grad()   # Horovod's check that no allreduce is in flight
+        views.attach()
+
+    optimizer.zero_grad = zero_grad
+    optimizer.gradient_views = views
+    views.attach()
 
 
 def _groups_apply(op: str, gradient_predivide_factor: float) -> bool:

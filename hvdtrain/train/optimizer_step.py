@@ -40,7 +40,9 @@ class OptimizerStep:
         if self.check_loss:
             # Horovod: non-finite loss on any rank -> skip on all; rides in the gradients' last allreduce.
             loss = parts[0][0] if len(parts) == 1 else torch.stack([part[0] for part in parts]).double().sum()
-            loss_flag = collectives.nonfinite_flag_async(loss, "step_loss", self.predivide)
+            views = getattr(self.optimizer, "gradient_views", None)
+            loss_flag = collectives.nonfinite_flag_async(loss, "step_loss", self.predivide,
+                                                         slot=views.flag if views else None)
         gradients.synchronize_gradients(self.optimizer)     # Horovod: averaged gradients, equal on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree

@@ -1,12 +1,23 @@
 """Tier 3: gradients in DDP-like buckets (--bucket-mb) on 2 real workers: Horovod is handed one allreduce per
 bucket instead of one per gradient with Gloo ops (MPI ops keep one per gradient), and the weights equal those of
 per-tensor allreduces (fp32 and fp16 on the wire, with accumulation); the Trainer's default sends buckets (grouped
-allreduces in Horovod's timeline)."""
+allreduces in Horovod's timeline), its gradients views of one buffer per bucket, allreduced in place."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 from conftest import BACKENDS, EQUIV, horovodrun, show
 from timeline import timeline_ops
+
+from hvdtrain.distributed import runtime
+
+
+def in_place_patch() -> bool:
+    """This Horovod allreduces adjacent in-place tensors without its fusion buffer (scripts/horovod_perf.py)."""
+    libs = Path(runtime.hvd.__file__).parent.glob("mpi_lib_v2*.so") if runtime.hvd else []
+    return any(b"HOROVOD_EXCHANGE_ALLREDUCE" in lib.read_bytes() for lib in libs)
 
 
 @BACKENDS
@@ -32,17 +43,31 @@ def test_a_bucket_is_one_allreduce_and_gives_the_weights_of_per_tensor_ones(tmp_
                                rtol=0)
 
 
-def test_the_trainer_sends_buckets_by_default_with_the_weights_of_per_tensor_allreduces(tmp_path):
-    for name, extra in (("buckets", []), ("per-tensor", ["--bucket-mb", "0"])):
+def fusion_copies(timeline: Path) -> int:
+    """Tensors copied into Horovod's fusion buffer, by the timeline's MEMCPY_IN_FUSION_BUFFER begin events."""
+    return sum(1 for e in json.loads(timeline.read_text()) if e.get("ph") == "B"
+               and e.get("name") == "MEMCPY_IN_FUSION_BUFFER")
+
+
+def test_the_trainer_sends_buckets_in_place_by_default_with_the_weights_of_per_tensor_allreduces(tmp_path):
+    runs = {"buckets": ([], {}), "per-tensor": (["--bucket-mb", "0"], {}),
+            "bucket-copies": ([], {"HVDTRAIN_GRAD_VIEWS": "0"}),
+            "ring": ([], {"HOROVOD_EXCHANGE_ALLREDUCE": "0"})}   # Gloo's ring, not the 2-rank exchange
+    for name, (extra, env) in runs.items():
         proc = horovodrun(2, ["-m", "hvdtrain", *EQUIV, *extra, "--batch-size", "16", "--run-dir", str(tmp_path),
                               "--name", name, "--tensorboard", "false",
-                              "--timeline-file", str(tmp_path / f"{name}.json")], "gloo")
+                              "--timeline-file", str(tmp_path / f"{name}.json")], "gloo", env=env)
         assert proc.returncode == 0, show(proc)
     assert timeline_ops(tmp_path / "buckets.json", "grouped_allreduce")
     assert not timeline_ops(tmp_path / "per-tensor.json", "grouped_allreduce")
-    a = torch.load(tmp_path / "buckets" / "model.pt", weights_only=True)
-    b = torch.load(tmp_path / "per-tensor" / "model.pt", weights_only=True)
-    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+    # Gradients as views of one buffer per bucket: hvdtrain's patched Horovod allreduces them where they lie.
+    assert fusion_copies(tmp_path / "bucket-copies.json") > 0
+    if in_place_patch():
+        assert fusion_copies(tmp_path / "buckets.json") == 0
+    weights = {name: torch.load(tmp_path / name / "model.pt", weights_only=True) for name in runs}
+    for name in ("buckets", "bucket-copies", "ring"):
+        a, b = weights[name], weights["per-tensor"]
+        assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a), name
 
 
 def test_a_layer_some_ranks_skip_neither_stalls_buckets_nor_changes_the_weights(tmp_path):

@@ -49,3 +49,44 @@ def test_a_bucket_holds_one_dtype():
 def test_a_negative_bucket_size_is_refused_naming_the_value():
     with pytest.raises(ConfigError, match=r"bucket_mb must be >= 0 .* got -1"):
         TrainConfig(bucket_mb=-1)
+
+
+def test_gradient_views_lie_back_to_back_per_bucket_and_backward_adds_into_them():
+    from hvdtrain.distributed.gradients import GradientViews
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    groups = buckets(net.parameters(), 0.01)   # 10 KB cap: the 16 KB weight alone, then the rest
+    views = GradientViews(groups)
+    views.attach()
+    for flat, group in zip(views.flats, groups):
+        start = flat.data_ptr()
+        for param in group:   # each gradient the next slice of its bucket's buffer, in the bucket's order
+            assert param.grad.data_ptr() == start and param.grad.shape == param.shape
+            start += param.numel() * param.element_size()
+    # the last bucket keeps one float32 element after its gradients for the step's non-finite-loss flag
+    assert views.flag is not None and views.flag.data_ptr() == start
+    plain = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    plain.load_state_dict(net.state_dict())
+    batch = torch.randn(8, 64)
+    for model in (net, plain):
+        model(batch).square().mean().backward()
+    for (name, a), b in zip(net.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=0, rtol=0, msg=name)
+    # backward added into the slices: the buffers hold the gradients
+    assert torch.equal(torch.cat([flat[:sum(p.numel() for p in group)] for flat, group in zip(views.flats, groups)]),
+                       torch.cat([p.grad.flatten() for group in groups for p in group]))
+    for param in net.parameters():     # what zero_grad does; attach() makes them views again, zeroed
+        param.grad = None
+    views.attach()
+    assert groups[-1][-1].grad.data_ptr() == views.flats[-1].data_ptr() + views.flats[-1].element_size() * sum(
+        p.numel() for p in groups[-1][:-1])
+    assert all(flat.abs().sum() == 0 for flat in views.flats) and len(groups) == 2
+
+
+def test_a_bfloat16_last_bucket_has_no_flag_element():
+    from hvdtrain.distributed.gradients import GradientViews
+
+    net = nn.Linear(4, 4).to(torch.bfloat16)
+    views = GradientViews(buckets(net.parameters(), 25.0))
+    assert views.flag is None and views.flats[0].numel() == 20

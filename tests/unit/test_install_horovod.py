@@ -517,9 +517,11 @@ def test_an_installed_horovod_built_against_another_torch_is_not_a_match(tmp_pat
     assert not ih.installed_matches(sys.executable, torch.__version__)      # built for another torch: rebuild
 
 
-def test_an_installed_horovod_without_the_idle_cycle_patch_is_not_a_match(tmp_path, monkeypatch):
-    """A wheel built before scripts/horovod_perf.py landed imports and has the bf16 binding, yet ignores
-    HOROVOD_IDLE_CYCLE_TIME: set-up must rebuild it. A copy of the real package whose extension lacks the name."""
+@pytest.mark.parametrize("name", ["IDLE_ENV", "EXCHANGE_ENV"])
+def test_an_installed_horovod_without_the_perf_patches_is_not_a_match(tmp_path, monkeypatch, name):
+    """A wheel built before a part of scripts/horovod_perf.py landed imports and has the bf16 binding, yet ignores
+    HOROVOD_IDLE_CYCLE_TIME or HOROVOD_EXCHANGE_ALLREDUCE: set-up must rebuild it. A copy of the real package whose
+    extension lacks the name."""
     import shutil
 
     import horovod
@@ -530,8 +532,9 @@ def test_an_installed_horovod_without_the_idle_cycle_patch_is_not_a_match(tmp_pa
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     lib = next((copy / "torch").glob("mpi_lib_v2*.so"))
     data = lib.read_bytes()
-    assert ih.IDLE_ENV.encode() in data and ih.installed_matches(sys.executable, torch.__version__)
-    lib.write_bytes(data.replace(ih.IDLE_ENV.encode(), b"HOROVOD_XXXX_CYCLE_TIME"))   # same length: still loads
+    variable = getattr(ih, name).encode()
+    assert variable in data and ih.installed_matches(sys.executable, torch.__version__)
+    lib.write_bytes(data.replace(variable, b"HOROVOD_XX" + b"X" * (len(variable) - 10)))   # same length: still loads
     assert not ih.installed_matches(sys.executable, torch.__version__)
 
 
