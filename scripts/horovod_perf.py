@@ -90,7 +90,8 @@ _OPERATIONS_CC = (
      "  auto horovod_cycle_time = std::getenv(HOROVOD_CYCLE_TIME);\n", 1),
 )
 
-_EXCHANGE = f"""// {PERF_MARKER} patch set. {EXCHANGE_ENV}: the largest sum allreduce (bytes) that 2 ranks do as one exchange.
+_EXCHANGE = f"""// {PERF_MARKER} patch set. {EXCHANGE_ENV}: the largest sum allreduce (bytes) that 2 ranks do
+// as one exchange.
 namespace {{
 
 size_t ExchangeAllreduceMaxBytes() {{
@@ -134,15 +135,17 @@ void GlooAlgorithms<T>::Allreduce(void* buffer_data, int num_elements,
 """
 
 _GLOO_ALGORITHMS = (
-    ('#include "gloo/types.h"\n', f'#include "gloo/types.h"\n\n#include <cstdlib>  // {PERF_MARKER}\n#include <memory>\n'),
+    ('#include "gloo/types.h"\n',
+     f'#include "gloo/types.h"\n\n#include <cstdlib>  // {PERF_MARKER}\n#include <memory>\n'),
     ("""template <typename T>
 void GlooAlgorithms<T>::Allreduce(void* buffer_data, int num_elements,
                                   ReduceOp reduce_op) {
 """, _EXCHANGE),
 )
 
-_IN_PLACE_HELPER = f"""// {PERF_MARKER} patch set: true when every entry is its own output and the entries lie back to back in
-// memory, in order (one flat buffer): the allreduce can then run on them in place, without the fusion buffer.
+_IN_PLACE_HELPER = f"""// {PERF_MARKER} patch set: true when every entry is its own output and the entries lie back
+// to back in memory, in order (one flat buffer): the allreduce can then run on them in place, without the
+// fusion buffer.
 bool AdjacentInPlace(const std::vector<TensorTableEntry>& entries) {{
   const char* next = nullptr;
   for (auto& entry : entries) {{

@@ -91,13 +91,13 @@ class GradientViews:
         # sent just after it and fused with it, still lies back to back with the gradients.
         extra = [0] * (len(groups) - 1) + [1 if groups[-1][0].dtype == torch.float32 else 0]
         self.flats = [torch.zeros(sum(p.numel() for p in group) + more, dtype=group[0].dtype, device=group[0].device)
-                      for group, more in zip(groups, extra)]
+                      for group, more in zip(groups, extra, strict=True)]
         self.groups = groups
         self.flag = self.flats[-1][-1:] if extra[-1] else None
 
     def attach(self) -> None:
         """Zero the buffers and make every gradient its slice again (after zero_grad set them to None)."""
-        for flat, group in zip(self.flats, self.groups):
+        for flat, group in zip(self.flats, self.groups, strict=True):
             flat.zero_()
             start = 0
             for param in group:

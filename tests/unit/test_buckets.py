@@ -59,7 +59,7 @@ def test_gradient_views_lie_back_to_back_per_bucket_and_backward_adds_into_them(
     groups = buckets(net.parameters(), 0.01)   # 10 KB cap: the 16 KB weight alone, then the rest
     views = GradientViews(groups)
     views.attach()
-    for flat, group in zip(views.flats, groups):
+    for flat, group in zip(views.flats, groups, strict=True):
         start = flat.data_ptr()
         for param in group:   # each gradient the next slice of its bucket's buffer, in the bucket's order
             assert param.grad.data_ptr() == start and param.grad.shape == param.shape
@@ -71,11 +71,11 @@ def test_gradient_views_lie_back_to_back_per_bucket_and_backward_adds_into_them(
     batch = torch.randn(8, 64)
     for model in (net, plain):
         model(batch).square().mean().backward()
-    for (name, a), b in zip(net.named_parameters(), plain.parameters()):
+    for (name, a), b in zip(net.named_parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=0, rtol=0, msg=name)
     # backward added into the slices: the buffers hold the gradients
-    assert torch.equal(torch.cat([flat[:sum(p.numel() for p in group)] for flat, group in zip(views.flats, groups)]),
-                       torch.cat([p.grad.flatten() for group in groups for p in group]))
+    filled = [flat[:sum(p.numel() for p in group)] for flat, group in zip(views.flats, groups, strict=True)]
+    assert torch.equal(torch.cat(filled), torch.cat([p.grad.flatten() for group in groups for p in group]))
     for param in net.parameters():     # what zero_grad does; attach() makes them views again, zeroed
         param.grad = None
     views.attach()
