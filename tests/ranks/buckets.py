@@ -23,7 +23,8 @@ from hvdtrain.distributed import collectives, gradients, runtime  # noqa: E402
 STEPS = 4
 # 0: per tensor; 25: DDP's default, one bucket here (the first is capped at 1 MB); 0.1: three buckets, the
 # 256 KB weight alone (larger than the cap), as gradients.buckets cuts them
-SETTINGS = [(0.0, "none", 1), (25.0, "none", 1), (0.1, "none", 1), (0.0, "fp16", 2), (0.1, "fp16", 2)]
+SETTINGS = [(0.0, "none", 1), (25.0, "none", 1), (0.1, "none", 1), (0.0, "none", 2), (0.1, "none", 2),
+            (0.0, "fp16", 2), (0.1, "fp16", 2)]
 
 
 def model() -> nn.Module:
