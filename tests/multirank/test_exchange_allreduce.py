@@ -1,0 +1,29 @@
+"""Tier 3: hvdtrain's 2-rank exchange allreduce (scripts/horovod_perf.py), 2 real workers under Gloo: a sum is a + b
+bit for bit in every dtype, average/min stay right, and a small allreduce makes fewer writes than Gloo's ring
+(HOROVOD_EXCHANGE_ALLREDUCE=0)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import horovodrun, show
+
+from hvdtrain.distributed import runtime
+
+
+def patched() -> bool:
+    libs = Path(runtime.hvd.__file__).parent.glob("mpi_lib_v2*.so") if runtime.hvd else []
+    return any(b"HOROVOD_EXCHANGE_ALLREDUCE" in lib.read_bytes() for lib in libs)
+
+
+@pytest.mark.skipif(not patched(), reason="this Horovod lacks hvdtrain's exchange allreduce: re-run make setup")
+def test_a_two_rank_sum_is_one_exchange_with_the_rings_result():
+    writes = {}
+    for exchange in ("4194304", "0"):
+        proc = horovodrun(2, ["tests/ranks/exchange.py"], "gloo", env={"HOROVOD_EXCHANGE_ALLREDUCE": exchange})
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0 and out.count("exchange OK") == 2, show(proc)
+        writes[exchange] = sum(float(n) for n in re.findall(r"WRITES_PER_ALLREDUCE ([\d.]+)", out))
+    # 4 KB: Gloo's ring sends 4 segments each way, the exchange one message (plus each's negotiation round).
+    assert writes["0"] > 1.5 * writes["4194304"], writes
