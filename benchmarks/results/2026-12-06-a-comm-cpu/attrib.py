@@ -1,6 +1,6 @@
 """Attribute perf-script samples (DWARF stacks) of Horovod's and Gloo's threads to causes.
 
-    perf script -i perf.data --tid T1,T2 -F tid,ip,sym,dso > script.txt; python attrib.py script.txt
+    perf script -i perf.data --tid T1,T2 -F tid,ip,sym,dso > script.txt; python attrib.py script.txt [--mpi]
 """
 import collections
 import re
@@ -23,6 +23,19 @@ RULES = [  # first match wins, checked against the whole stack (leaf first)
     ("scheduler/futex (wake-ups)", r"futex|schedule|finish_task_switch"),
 ]
 
+MPI_RULES = [  # with --mpi: Horovod's MPI ops (Open MPI, one host), first match wins likewise
+    ("fusion-buffer memcpy in/out",
+     r"MemcpyInFusionBuffer|MemcpyOutFusionBuffer|MemcpyEntryIn|MemcpyEntryOut"),
+    ("MPI reduction (sum op)", r"ompi_op_|op_avx|ompi_op_base|_sum_float"),
+    ("negotiation: cache bit allreduce", r"CacheCoordinator::sync|CrossRankBitwise"),
+    ("negotiation: request gather/response bcast",
+     r"SendReadyTensors|RecvReadyTensors|SendFinalTensors|RecvFinalTensors"),
+    ("negotiation: other ComputeResponseList", r"ComputeResponseList"),
+    ("data allreduce (MPI_Allreduce)", r"MPIAllreduce|PerformOperation"),
+    ("cycle sleep (nanosleep/clock)", r"nanosleep|sleep_for|clock_nanosleep"),
+    ("MPI progress / polling (opal_progress, btl)", r"opal_progress|mca_btl|mca_pml|sched_yield"),
+    ("scheduler/futex (wake-ups)", r"futex|schedule|finish_task_switch"),
+]
 
 def read_samples(path: str) -> dict[str, list[list[str]]]:
     samples: dict[str, list[list[str]]] = collections.defaultdict(list)
@@ -43,13 +56,14 @@ def read_samples(path: str) -> dict[str, list[list[str]]]:
 
 
 def main() -> None:
+    rules = MPI_RULES if "--mpi" in sys.argv[2:] else RULES
     for tid, stacks in read_samples(sys.argv[1]).items():
         cats: collections.Counter[str] = collections.Counter()
         leaves: collections.Counter[str] = collections.Counter()
         for stack in stacks:
             # the leaf alone for the reduction (a sum is also inside every allreduce), the stack otherwise
             text = stack[0] if stack and stack[0].startswith("gloo::sum<") else "\n".join(stack)
-            cats[next((name for name, rx in RULES if re.search(rx, text, re.M)), "other")] += 1
+            cats[next((name for name, rx in rules if re.search(rx, text, re.M)), "other")] += 1
             leaves[stack[0][:70] if stack else "?"] += 1
         n = len(stacks)
         print(f"== tid {tid}: {n} samples")

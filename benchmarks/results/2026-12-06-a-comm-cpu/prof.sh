@@ -1,15 +1,16 @@
 #!/bin/bash
 # usage: prof.sh NAME MODEL BACKEND SETTING...   profiles rank 0 of one long run with perf (dwarf call graphs)
+# SNAP (the code), OUT_ROOT (where prof-NAME goes) and PY (the interpreter) default to this run's own paths.
 name=$1; model=$2; backend=$3; shift 3
 cd ${SNAP:-/tmp/E/snap}
-out=/tmp/E/prof-$name; mkdir -p $out
-.venv/bin/python -m benchmarks.ab --model $model --backend $backend --reps 1 --steps ${STEPS:-500} "$@" > $out/ab.log 2>&1 &
+out=${OUT_ROOT:-/tmp/E}/prof-$name; mkdir -p $out
+${PY:-.venv/bin/python} -m benchmarks.ab --model $model --backend $backend --reps 1 --steps ${STEPS:-500} "$@" > $out/ab.log 2>&1 &
 abpid=$!
 pid=""
 for i in $(seq 120); do
   sleep 1
   for p in $(pgrep -f "benchmarks.worker"); do
-    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qE '^(HOROVOD_RANK|RANK)=0$'; then
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qE '^(HOROVOD_RANK|RANK|OMPI_COMM_WORLD_RANK)=0$'; then
       if tr '\0' ' ' < /proc/$p/cmdline | grep -q -- "--result"; then pid=$p; fi
     fi
   done
