@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from hvdtrain.distributed.settings import gloo_defaults, idle_defaults, mpi_defaults, timeout_defaults
@@ -104,15 +104,10 @@ def started(settings: dict[str, str] | None = None) -> Iterator[World]:
 
 def start(settings: dict[str, str] | None = None) -> World:
     """`init(settings)` that leaves os.environ as it was: for an object that starts Horovod and runs later, each
-    run inside `running()` (a Trainer: built, then fit())."""
+    run inside `started()` (a Trainer: built, then fit(); without settings, `started()` sets the start's
+    variables and RANK & co. again for the block and gives them back after)."""
     with started(settings) as world:
         return world
-
-
-def running() -> AbstractContextManager[World]:
-    """`started()` for a Horovod already started: its start's variables and RANK & co. in os.environ for the
-    block, given back after."""
-    return started()
 
 
 def world() -> World:

@@ -168,7 +168,7 @@ class Trainer:
         if not first_call:
             p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
         self.reporter.samples_this_fit, start = 0, time.perf_counter()
-        with self.driver.watching(), runtime.running():   # Horovod: a lost or frozen rank is named, never a hang
+        with self.driver.watching(), runtime.started():   # Horovod: a lost or frozen rank is named, never a hang
             self.progress = self.driver.run(p, end_epoch)
             self.reporter.finish(self.progress, time.perf_counter() - start, self.model, self.world)
         return self.history
