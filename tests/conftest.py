@@ -151,6 +151,17 @@ def default_job() -> Iterator[DefaultJob]:
         yield DefaultJob(Path(run_dir) / "default", proc.stdout)
 
 
+def horovod_patched(variable: str) -> bool:
+    """The installed Horovod's extension reads `variable`, i.e. carries the hvdtrain patch that adds it
+    (scripts/horovod_perf.py); False without Horovod."""
+    from hvdtrain.distributed import runtime
+
+    if runtime.hvd is None:
+        return False
+    libs = Path(runtime.hvd.__file__).parent.glob("mpi_lib_v2*.so")
+    return any(variable.encode() in lib.read_bytes() for lib in libs)
+
+
 def horovodrun_cmd(np: int, args: list[str], backend: str) -> list[str]:
     return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
             "--start-timeout", "120", "--disable-cache", "--network-interfaces", "lo", sys.executable, *args]

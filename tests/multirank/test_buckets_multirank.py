@@ -8,16 +8,8 @@ import json
 from pathlib import Path
 
 import torch
-from conftest import BACKENDS, EQUIV, horovodrun, show
+from conftest import BACKENDS, EQUIV, horovod_patched, horovodrun, show
 from timeline import timeline_ops
-
-from hvdtrain.distributed import runtime
-
-
-def in_place_patch() -> bool:
-    """This Horovod allreduces adjacent in-place tensors without its fusion buffer (scripts/horovod_perf.py)."""
-    libs = Path(runtime.hvd.__file__).parent.glob("mpi_lib_v2*.so") if runtime.hvd else []
-    return any(b"HOROVOD_EXCHANGE_ALLREDUCE" in lib.read_bytes() for lib in libs)
 
 
 @BACKENDS
@@ -63,7 +55,7 @@ def test_the_trainer_sends_buckets_in_place_by_default_with_the_weights_of_per_t
     assert not timeline_ops(tmp_path / "per-tensor.json", "grouped_allreduce")
     # Gradients as views of one buffer per bucket: hvdtrain's patched Horovod allreduces them where they lie.
     assert fusion_copies(tmp_path / "bucket-copies.json") > 0
-    if in_place_patch():
+    if horovod_patched("HOROVOD_EXCHANGE_ALLREDUCE"):   # the in-place patch came with it
         assert fusion_copies(tmp_path / "buckets.json") == 0
     weights = {name: torch.load(tmp_path / name / "model.pt", weights_only=True) for name in runs}
     for name in ("buckets", "bucket-copies", "ring"):

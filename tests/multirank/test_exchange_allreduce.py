@@ -4,20 +4,13 @@ bit for bit in every dtype, average/min stay right, and a small allreduce makes 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from conftest import horovodrun, show
-
-from hvdtrain.distributed import runtime
+from conftest import horovod_patched, horovodrun, show
 
 
-def patched() -> bool:
-    libs = Path(runtime.hvd.__file__).parent.glob("mpi_lib_v2*.so") if runtime.hvd else []
-    return any(b"HOROVOD_EXCHANGE_ALLREDUCE" in lib.read_bytes() for lib in libs)
-
-
-@pytest.mark.skipif(not patched(), reason="this Horovod lacks hvdtrain's exchange allreduce: re-run make setup")
+@pytest.mark.skipif(not horovod_patched("HOROVOD_EXCHANGE_ALLREDUCE"),
+                    reason="this Horovod lacks hvdtrain's exchange allreduce: re-run make setup")
 def test_a_two_rank_sum_is_one_exchange_with_the_rings_result():
     writes = {}
     for exchange in ("4194304", "0"):

@@ -4,22 +4,13 @@ CPU on empty negotiation rounds."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from conftest import horovodrun, show
-
-from hvdtrain.distributed import runtime
+from conftest import horovod_patched, horovodrun, show
 
 
-def patched() -> bool:
-    if runtime.hvd is None:
-        return False
-    libs = Path(runtime.hvd.__file__).parent.glob("mpi_lib_v2*.so")
-    return any(b"HOROVOD_IDLE_CYCLE_TIME" in lib.read_bytes() for lib in libs)
-
-
-@pytest.mark.skipif(not patched(), reason="this Horovod lacks hvdtrain's idle-cycle patch: re-run make setup")
+@pytest.mark.skipif(not horovod_patched("HOROVOD_IDLE_CYCLE_TIME"),
+                    reason="this Horovod lacks hvdtrain's idle-cycle patch: re-run make setup")
 def test_idle_ranks_wait_for_work_and_collectives_stay_right():
     cpu = {}
     for idle in ("50", "0"):
