@@ -477,8 +477,8 @@ def compile_wheel(python: str, src: Path, out: Path, env: dict[str, str], log: P
     if run([python, "-m", "pip", "install", "setuptools", "wheel"], log).returncode != 0:
         raise InstallError(f"pip could not install setuptools/wheel for the build; full log: {log}")
     say(f"compiling horovod {HOROVOD_VERSION} (C++: core, gloo, torch extension). "
-        f"This takes about 8-10 minutes on 2 cores and happens once per torch/Python version; "
-        f"log: {log}")
+        f"This takes about 2 minutes on an idle 2-core machine (8-10 when it is busy) and happens once per "
+        f"torch/Python version; log: {log}")
     done = threading.Event()
     start = time.monotonic()
 
@@ -524,13 +524,12 @@ def verify(python: str, expected: tuple[str, ...] = EXPECTED_BUILD) -> str:
 def installed_matches(python: str, torch_version: str) -> bool:
     """Horovod HOROVOD_VERSION is installed, imports, carries hvdtrain's patches (the bfloat16 binding; the idle-cycle
     and exchange-allreduce variables' names compiled into the extension: a wheel built before one landed must be
-    rebuilt), and was built
-    against this very torch: its metadata.json names the torch it was compiled with (a torch upgrade or a CPU/CUDA
-    switch must rebuild it)."""
+    rebuilt), and was built against this very torch: its metadata.json names the torch it was compiled with (a
+    torch upgrade or a CPU/CUDA switch must rebuild it)."""
     code = ("import horovod, horovod.torch, horovod.torch.mpi_lib_v2 as lib, json, os, torch; "
             f"assert horovod.__version__ == {HOROVOD_VERSION!r}; "
             f"assert hasattr(lib, {BF16_BINDING!r}); "
-            f"lib_bytes = open(lib.__file__, 'rb').read(); "
+            "lib_bytes = open(lib.__file__, 'rb').read(); "
             f"assert {IDLE_ENV.encode()!r} in lib_bytes and {EXCHANGE_ENV.encode()!r} in lib_bytes; "
             f"assert torch.__version__ == {torch_version!r}; "
             "meta = json.load(open(os.path.join(os.path.dirname(horovod.__file__), 'metadata.json'))); "
