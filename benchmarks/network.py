@@ -59,6 +59,13 @@ def net_variants(np: int, backends: list[str], smoke: bool) -> list[dict[str, An
     return rows
 
 
+def env_variant(text: str, backend: str) -> dict[str, Any]:
+    """--variant NAME:KEY=VALUE,...: hvdtrain on `backend` with that environment (an A/B of one setting)."""
+    name, _, assignments = text.partition(":")
+    env = dict(kv.split("=", 1) for kv in assignments.split(",") if kv)
+    return {"name": name, "variant": "hvdtrain", "launcher": "horovodrun", "backend": backend, "env": env}
+
+
 def in_namespace(cluster: NamespaceCluster, node: Any, *cmd: str) -> list[str]:
     """`cmd` inside a node's namespace, with the node's own host name (Horovod's Gloo context and
     torchrun's rendezvous look their host name up in /etc/hosts, which netns_cluster wrote)."""
@@ -112,7 +119,8 @@ def launch_once(spec: dict[str, Any], np: int, cluster: NamespaceCluster, worker
         # beside the benchmark) removes it when it made it; our sshds refuse connections without it
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         cpu = netreport.CpuShare(cluster)
-        out, code = run_jobs(commands(spec, np, cluster, worker), {**os.environ, **env}, timeout)
+        out, code = run_jobs(commands(spec, np, cluster, worker), {**os.environ, **env, **spec.get("env", {})},
+                             timeout)
         machine = cpu.stop()
         record = json.loads(result.read_text()) if code == 0 and result.exists() else None
         ranks = sorted((json.loads(p.read_text()) for p in Path(scratch).glob("result.json.rank*")),
@@ -213,6 +221,7 @@ def run_network(args: argparse.Namespace) -> dict[str, Any]:
                 group = f"{model}/np{np}"
                 specs = [s for s in net_variants(np, backends, args.smoke)
                          if not args.only or s["name"] in args.only.split(",")]
+                specs += [env_variant(v, backends[0]) for v in getattr(args, "variant", []) if np > 1]
                 records: dict[str, list[dict[str, Any]]] = {s["name"]: [] for s in specs}
                 for round_no in range(1 if args.smoke else args.rounds):
                     for spec in specs if round_no % 2 == 0 else specs[::-1]:

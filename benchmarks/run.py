@@ -96,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--link", default="1gbit", help="with --hosts: each host's link rate, tc syntax (1gbit)")
     parser.add_argument("--only", default="", metavar="NAME,...",
                         help="with --hosts: run only these variants, e.g. hvdtrain-mpi,horovod-mpi")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                        help="with --hosts: one more hvdtrain variant on the first backend with this environment, "
+                             "alternated with the others, e.g. before:HVDTRAIN_SCALE_FIRST=0")
     args = parser.parse_args(argv)
     if args.hosts and args.smoke:
         # network smoke (CI): the tiny MLP, hvdtrain-gloo and DDP over 2 hosts, one round

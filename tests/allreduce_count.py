@@ -29,6 +29,7 @@ def count_gradient_allreduces() -> Iterator[AllreduceCount]:
         ...     trainer.fit()
         >>> count.bytes / trainer.progress.step   # 4 x parameters in fp32
     """
+    import horovod.torch as hvd
     from horovod.torch import optimizer as hvd_optimizer
 
     count = AllreduceCount()
@@ -50,8 +51,11 @@ def count_gradient_allreduces() -> Iterator[AllreduceCount]:
         count.submissions += 1
         return grouped(tensors, *args, **kwargs)
 
-    hvd_optimizer.allreduce_async_, hvd_optimizer.grouped_allreduce_async_ = counted_single, counted_grouped
+    # hvd's too: hvdtrain's buckets, divided before they are sent, call it (gradients.scale_before_sending)
+    for module in (hvd_optimizer, hvd):
+        module.allreduce_async_, module.grouped_allreduce_async_ = counted_single, counted_grouped
     try:
         yield count
     finally:
-        hvd_optimizer.allreduce_async_, hvd_optimizer.grouped_allreduce_async_ = single, grouped
+        for module in (hvd_optimizer, hvd):
+            module.allreduce_async_, module.grouped_allreduce_async_ = single, grouped

@@ -54,18 +54,21 @@ def average_buffers(buffers: list[torch.Tensor]) -> None:
 
 
 def nonfinite_flag_async(value: torch.Tensor, name: str, gradient_predivide_factor: float = 1.0,
-                         slot: torch.Tensor | None = None) -> Any:
+                         slot: torch.Tensor | None = None, op: Any = None) -> Any:
     """Start the ranks' agreement on whether `value` (one element) is finite on every rank; all_finite() answers.
 
     Sent after backward as an fp32 average with DistributedOptimizer's own scale factors, so that
     Horovod fuses it into the step's last gradient allreduce instead of negotiating an op of its own
     (an extra op cost up to ~10% of a communication-bound step; benchmarks/README.md). `slot`: a float32
-    element to hold the flag (the one after the last bucket's gradients, gradients.GradientViews.flag)."""
+    element to hold the flag (the one after the last bucket's gradients, gradients.GradientViews.flag). `op`: the
+    buckets' op where they are summed (gradients.scale_before_sending), since only like ops fuse; NaN or 0 either way."""
     if hvd.size() == 1:
         return _Done(value.detach())    # one rank agrees with itself: no op, no tensor arithmetic
     flag = (value.detach() * 0).to(torch.float32)  # in the input's precision first: inf * 0 is NaN
     if slot is not None:
         flag = slot.copy_(flag.reshape(slot.shape))
+    if op is not None:
+        return hvd.allreduce_async_(flag, op=op, name=name)
     return hvd.allreduce_async_(flag, op=hvd.Average, name=name, prescale_factor=1.0 / gradient_predivide_factor,
                                 postscale_factor=gradient_predivide_factor)
 

@@ -41,6 +41,8 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, 
         gradient_predivide_factor=gradient_predivide_factor, groups=groups)
     if groups and compression == "none" and os.environ.get("HVDTRAIN_GRAD_VIEWS", "1") != "0":
         keep_gradient_views(wrapped, GradientViews(groups))
+    if groups and compression == "none" and os.environ.get("HVDTRAIN_SCALE_FIRST", "1") != "0":
+        scale_before_sending(wrapped)
     return wrapped
 
 
@@ -117,6 +119,31 @@ def keep_gradient_views(optimizer: Any, views: GradientViews) -> None:
     optimizer.zero_grad = zero_grad
     optimizer.gradient_views = views
     views.attach()
+
+
+def scale_before_sending(optimizer: Any) -> None:
+    """Each bucket is divided by the number of workers on the main thread, then summed, as DDP does.
+
+    Horovod's average divides after the sum, on its one background thread (0.7-1.6 ms for a 20 MB bucket), and
+    only then negotiates the next bucket: over 1 Gbit/s links that left the link idle between the last two buckets
+    (benchmarks/results/2026-12-06-i-network-inplace). Here the division is done when the bucket is submitted,
+    usually while the previous one is still on the wire. With a power-of-two number of workers the result is the
+    same bit for bit (halving is exact); otherwise it differs from Horovod's average only in rounding.
+    `optimizer.loss_flag_op` tells the non-finite-loss flag to be summed too, so it still fuses with the last bucket.
+    """
+    scale = 1.0 / hvd.size()
+    names = optimizer._parameter_names
+
+    def grouped_allreduce_grad_async(params: tuple[torch.nn.Parameter, ...]) -> tuple[Any, list[None]]:
+        grads = [p.grad for p in params]
+        if scale != 1.0:
+            torch._foreach_mul_(grads, scale)   # Horovod: each worker's share of the average, before sending
+        handle = hvd.grouped_allreduce_async_(grads, name=names.get(params[0]), op=hvd.Sum,
+                                              process_set=optimizer.process_set)
+        return handle, [None] * len(params)
+
+    optimizer._grouped_allreduce_grad_async = grouped_allreduce_grad_async
+    optimizer.loss_flag_op = hvd.Sum
 
 
 def _groups_apply(op: str, gradient_predivide_factor: float) -> bool:

@@ -42,7 +42,8 @@ class OptimizerStep:
             loss = parts[0][0] if len(parts) == 1 else torch.stack([part[0] for part in parts]).double().sum()
             views = getattr(self.optimizer, "gradient_views", None)
             loss_flag = collectives.nonfinite_flag_async(loss, "step_loss", self.predivide,
-                                                         slot=views.flag if views else None)
+                                                         slot=views.flag if views else None,
+                                                         op=getattr(self.optimizer, "loss_flag_op", None))
         gradients.synchronize_gradients(self.optimizer)     # Horovod: averaged gradients, equal on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
