@@ -60,10 +60,14 @@ def net_variants(np: int, backends: list[str], smoke: bool) -> list[dict[str, An
 
 
 def env_variant(text: str, backend: str) -> dict[str, Any]:
-    """--variant NAME:KEY=VALUE,...: hvdtrain on `backend` with that environment (an A/B of one setting)."""
+    """--variant NAME:KEY=VALUE,...: hvdtrain on `backend` with that environment (an A/B of one setting);
+    the key ARGS gives hvdtrain's command-line options instead, e.g. "b10:ARGS=--bucket-mb 10"."""
     name, _, assignments = text.partition(":")
     env = dict(kv.split("=", 1) for kv in assignments.split(",") if kv)
-    return {"name": name, "variant": "hvdtrain", "launcher": "horovodrun", "backend": backend, "env": env}
+    spec = {"name": name, "variant": "hvdtrain", "launcher": "horovodrun", "backend": backend}
+    if "ARGS" in env:
+        spec["hvdtrain_args"] = env.pop("ARGS")
+    return {**spec, "env": env}
 
 
 def in_namespace(cluster: NamespaceCluster, node: Any, *cmd: str) -> list[str]:
