@@ -14,7 +14,7 @@ from conftest import ROOT, show
 from netns_cluster import SSHD, rate_bits
 
 from benchmarks.netreport import ratios, ring_bound_ms
-from benchmarks.network import net_variants
+from benchmarks.network import env_variant, net_variants
 
 
 def test_ring_bound_and_link_rates():
@@ -38,6 +38,17 @@ def test_fp16_and_bf16_wires_run_beside_fp32_and_their_bytes_are_compared():
     found = ratios(groups, ["gloo"], 1e9)["cnn/np2"]
     assert found["bf16_speedup_gloo"] == 2.0 and found["bf16_tx_bytes_ratio_gloo"] == 0.5
     assert "fp16_speedup_gloo" not in found
+
+
+def test_an_env_variant_is_hvdtrain_with_its_own_environment_or_options():
+    # --variant before:HVDTRAIN_SCALE_FIRST=0 runs beside the others, alternated, on the first backend
+    assert env_variant("before:HVDTRAIN_SCALE_FIRST=0,HOROVOD_CYCLE_TIME=1", "gloo") == {
+        "name": "before", "variant": "hvdtrain", "launcher": "horovodrun", "backend": "gloo",
+        "env": {"HVDTRAIN_SCALE_FIRST": "0", "HOROVOD_CYCLE_TIME": "1"}}
+    assert env_variant("b10:ARGS=--bucket-mb 10", "mpi") == {
+        "name": "b10", "variant": "hvdtrain", "launcher": "horovodrun", "backend": "mpi",
+        "hvdtrain_args": "--bucket-mb 10", "env": {}}
+    assert env_variant("now:", "gloo")["env"] == {}
 
 
 def test_network_smoke_run_counts_the_bytes_each_host_sent(tmp_path):
