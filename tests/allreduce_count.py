@@ -51,11 +51,12 @@ def count_gradient_allreduces() -> Iterator[AllreduceCount]:
         count.submissions += 1
         return grouped(tensors, *args, **kwargs)
 
-    # hvd's too: hvdtrain's buckets, divided before they are sent, call it (gradients.scale_before_sending)
-    for module in (hvd_optimizer, hvd):
-        module.allreduce_async_, module.grouped_allreduce_async_ = counted_single, counted_grouped
+    hvd_optimizer.allreduce_async_, hvd_optimizer.grouped_allreduce_async_ = counted_single, counted_grouped
+    # hvdtrain's buckets, divided before they are sent, call hvd's grouped one (gradients.scale_before_sending);
+    # hvd's single one stays as it is: the loss flag and the metrics call it, and they are not gradients.
+    hvd.grouped_allreduce_async_ = counted_grouped
     try:
         yield count
     finally:
-        for module in (hvd_optimizer, hvd):
-            module.allreduce_async_, module.grouped_allreduce_async_ = single, grouped
+        hvd_optimizer.allreduce_async_, hvd_optimizer.grouped_allreduce_async_ = single, grouped
+        hvd.grouped_allreduce_async_ = grouped
