@@ -26,16 +26,22 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/horovod_bf
 run: setup
 	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) $(BIN)/python -m hvdtrain $(ARGS)
 
+# Test files run on TEST_WORKERS pytest-xdist workers at once (the cluster tier on one of them, one test after
+# another: tests/conftest.py's xdist groups). Most tests wait on process start-up and timeouts, so two workers
+# fill a 2-core machine; TEST_WORKERS=0 runs everything in one process, in order.
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
 # The default run (what .ci/run calls): every tier without the long forms (docs/testing.md); test-all adds them.
 test: setup
-	$(BIN)/python -m pytest -m "not long" $(ARGS)
+	$(BIN)/python -m pytest -m "not long" $(PARALLEL) $(ARGS)
 
 test-all: setup
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest $(PARALLEL) $(ARGS)
 
 # Unit tests and one-worker tests only (a few minutes): the tiers in tests/unit and tests/one_rank.
 test-fast: setup
-	$(BIN)/python -m pytest tests/unit tests/one_rank $(ARGS)
+	$(BIN)/python -m pytest tests/unit tests/one_rank $(PARALLEL) $(ARGS)
 
 # Benchmarks (benchmarks/README.md): hvdtrain vs hand-written Horovod vs DDP vs one process, A B A B.
 # make bench ARGS=--smoke for the CI size; results in bench-results/.

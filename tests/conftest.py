@@ -66,12 +66,26 @@ def order_items(items: list[pytest.Item], order: str) -> None:
     items[:] = [item for group in groups for item in group]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers it too; without xdist the groups are unused but must still be known markers.
+    config.addinivalue_line("markers", "xdist_group(name): tests that run on one xdist worker, one after another")
+
+
+def xdist_group(nodeid: str, tier: str | None) -> str:
+    """The group a test runs in under `pytest -n N --dist loadgroup` (make test): its file, so module-scoped
+    fixtures are built once; the whole cluster tier is one group, since its tests share fixed namespace
+    addresses, the Slurm daemons and Ray's ports, and its timings assume no other cluster beside it."""
+    return "cluster" if tier == "cluster" else nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Markers by folder (tests/unit -> unit, tests/one_rank -> one_rank, ...), then the --order asked for."""
+    """Markers by folder (tests/unit -> unit, tests/one_rank -> one_rank, ...) and their xdist group, then the
+    --order asked for."""
     for item in items:
         tier = next((part for part in Path(str(item.fspath)).parts if part in TIERS), None)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid, tier)))
     order_items(items, config.getoption("order"))
 
 
