@@ -61,7 +61,8 @@ def nonfinite_flag_async(value: torch.Tensor, name: str, gradient_predivide_fact
     Horovod fuses it into the step's last gradient allreduce instead of negotiating an op of its own
     (an extra op cost up to ~10% of a communication-bound step; benchmarks/README.md). `slot`: a float32
     element to hold the flag (the one after the last bucket's gradients, gradients.GradientViews.flag). `op`: the
-    buckets' op where they are summed (gradients.scale_before_sending), since only like ops fuse; NaN or 0 either way."""
+    buckets' op where they are summed (gradients.scale_before_sending), since only like ops fuse; NaN or 0 either
+    way."""
     if hvd.size() == 1:
         return _Done(value.detach())    # one rank agrees with itself: no op, no tensor arithmetic
     flag = (value.detach() * 0).to(torch.float32)  # in the input's precision first: inf * 0 is NaN

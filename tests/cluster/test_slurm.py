@@ -74,6 +74,8 @@ def run_job(cluster: SlurmCluster, log: Path, args: list[str]) -> tuple[str, str
 def uninterrupted(slurm, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("uninterrupted")
     state, out = run_job(slurm, run_dir / "job.out", [*JOB, "--run-dir", str(run_dir), "--name", "ref"])
+    # Every test here compares against its weights: a failed reference is named as such, with its output.
+    assert state == "COMPLETED", f"the uninterrupted reference job ended {state}:\n{out[-3000:]}"
     return state, out, run_dir / "ref"
 
 
