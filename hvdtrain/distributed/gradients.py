@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -135,7 +135,8 @@ def scale_before_sending(optimizer: Any) -> None:
     names = optimizer._parameter_names
 
     def grouped_allreduce_grad_async(params: tuple[torch.nn.Parameter, ...]) -> tuple[Any, list[None]]:
-        grads = [p.grad for p in params]
+        # Set before a bucket is sent: by backward, or zeros where this rank skipped one (send_unfinished_buckets).
+        grads = [cast(torch.Tensor, p.grad) for p in params]
         if scale != 1.0:
             torch._foreach_mul_(grads, scale)   # Horovod: each worker's share of the average, before sending
         handle = hvd.grouped_allreduce_async_(grads, name=names.get(params[0]), op=hvd.Sum,
