@@ -28,7 +28,8 @@ run: setup
 
 # TEST_WORKERS=2 runs the test files on two pytest-xdist workers at once (the cluster tier on one of them, one
 # test after another: tests/conftest.py's xdist groups): 26 min instead of 35 on 2 cores. Not the default yet:
-# under that load a pruned tune trial's rank 0 once hung after its stop checkpoint (docs/testing.md).
+# under that load a race in Horovod's launcher when it stops its workers shows (a pruned tune trial's job held for
+# its whole grace, or reported exit 0; docs/testing.md).
 TEST_WORKERS ?= 0
 PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 

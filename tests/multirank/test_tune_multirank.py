@@ -142,7 +142,7 @@ def test_kill_9_of_the_tune_process_then_the_same_command_resumes(tmp_path):
     stamp = (runs / "trial-0000" / "summary.json").stat().st_mtime_ns
     # Its trial job noticed (parent-death signal) and stopped; nothing of trial 1 keeps running.
     deadline = time.monotonic() + 60
-    # This test's trial only: other tests' studies may run beside it (make test runs two at once).
+    # This test's trial only: other tests' studies may run beside it (make test TEST_WORKERS=2).
     ours = str(runs / "trial-0001.yaml")
     while any(ours in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])):
         assert time.monotonic() < deadline, "trial 1's job outlived the tune process"
