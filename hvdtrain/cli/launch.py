@@ -47,7 +47,7 @@ def parser(commands: Commands | None = None) -> Parser:
 def main(args: list[str]) -> int:
     from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV, new_key
     from hvdtrain.distributed.settings import mpirun_defaults
-    from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
+    from hvdtrain.launcher.horovodrun import remove_quietly, worker_env
     from hvdtrain.output.console import console
 
     if not args:
@@ -73,10 +73,9 @@ def main(args: list[str]) -> int:
         console.line(f"hvdtrain: {', '.join(names)} go to the workers in {secrets_file} (mode 0600), "
                      "not on their command lines")
     try:
-        # An elastic job runs horovodrun in a child Python that also bounds the time below --min-np.
-        # With a grace, horovodrun runs in a Python that first sets Horovod's grace (launcher/grace.py).
-        command = ([sys.executable, "-m", "hvdtrain.launcher.elastic_driver"] if elastic else
-                   [sys.executable, "-m", "hvdtrain.launcher.grace"] if grace else [horovodrun()])
+        # An elastic job runs horovodrun in a child Python that also bounds the time below --min-np. Any other
+        # runs it in a Python that sets the grace and hvdtrain's stop of a worker first (launcher/grace.py).
+        command = [sys.executable, "-m", "hvdtrain.launcher.elastic_driver" if elastic else "hvdtrain.launcher.grace"]
         proc = subprocess.Popen([*command, *args], env=env)
         # horovodrun passes SIGTERM on to its workers; Ctrl-C reaches it directly (same process group).
         # A hangup stops the job the same way: left to its default, SIGHUP would end this process before

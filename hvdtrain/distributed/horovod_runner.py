@@ -169,6 +169,23 @@ def set_termination_grace(seconds: int) -> int:
     return seconds
 
 
+def replace_shell_termination(stop: Callable[[int, float], None]) -> None:
+    """Make Horovod's launcher stop a worker's shell with `stop(shell_pid, grace_s)` instead of its private
+    safe_shell_exec.terminate_executor_shell_and_children (launcher/shell_stop.py says why). The middleman looks
+    that name up when the job stops, so setting it in the middleman's process before then is enough."""
+    from horovod.runner.common.util import safe_shell_exec
+
+    if version() != WRITTEN_FOR or not hasattr(safe_shell_exec, "terminate_executor_shell_and_children"):
+        raise AdapterError(f"Horovod {version()} is installed; hvdtrain replaces Horovod {WRITTEN_FOR}'s "
+                           "safe_shell_exec.terminate_executor_shell_and_children: check that its races remain, "
+                           "then update hvdtrain/distributed/horovod_runner.py")
+
+    def terminate_executor_shell_and_children(pid: int) -> None:
+        stop(pid, safe_shell_exec.GRACEFUL_TERMINATION_TIME_S)   # read at stop time: the grace set meanwhile
+
+    safe_shell_exec.terminate_executor_shell_and_children = terminate_executor_shell_and_children
+
+
 def run_commandline() -> int:
     """horovodrun itself, in this process."""
     from horovod.runner.launch import run_commandline as horovodrun

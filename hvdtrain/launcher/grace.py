@@ -1,4 +1,5 @@
-"""`python -m hvdtrain.launcher.grace HOROVODRUN_ARGS...`: horovodrun with a longer grace after SIGTERM.
+"""`python -m hvdtrain.launcher.grace HOROVODRUN_ARGS...`: horovodrun with a longer grace after SIGTERM, and
+without the races of Horovod's stop of a worker (launcher/shell_stop.py).
 
 Horovod 0.28.1's launcher gives its workers GRACEFUL_TERMINATION_TIME_S (5 s) between SIGTERM and SIGKILL
 (horovod/runner/common/util/safe_shell_exec.py), too short for a checkpoint of a large model to reach disk.
@@ -7,7 +8,11 @@ constant to N. The constant is read in the "middleman" processes Horovod starts 
 method; spawn re-imports this module (the main module, as __mp_main__) in each of them before it runs its
 target, so the assignment below, at import time, holds there too.
 
-The private name itself is touched only in the adapter (distributed/horovod_runner.py), which checks it exists.
+The same import replaces, in each middleman, the function that stops its worker: Horovod's can hold a job for
+its whole grace, or report a stopped worker's exit as 0 (launcher/shell_stop.py). `hvdtrain launch` and tune trials
+start every Gloo job that is not elastic through this module, with or without a grace.
+
+The private names themselves are touched only in the adapter (distributed/horovod_runner.py), which checks they exist.
 Horovod's launcher owns the workers only under Gloo: with --mpi, horovodrun exec()s mpirun, whose own rules
 apply after SIGTERM.
 """
@@ -44,8 +49,21 @@ def apply(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None
         raise RuntimeError(f"{GRACE_ENV}: {err}") from None
 
 
+def install() -> int | None:
+    """apply(), and hvdtrain's stop of a worker's shell in place of Horovod's; the grace now in force."""
+    from hvdtrain.distributed import horovod_runner
+    from hvdtrain.launcher.shell_stop import stop_shell_and_children
+
+    grace = apply()
+    try:
+        horovod_runner.replace_shell_termination(stop_shell_and_children)
+    except horovod_runner.AdapterError as err:
+        raise RuntimeError(str(err)) from None
+    return grace
+
+
 if __name__ in ("__main__", "__mp_main__"):   # horovodrun's process, and each spawned middleman (see above)
-    apply()
+    install()
 
 if __name__ == "__main__":
     from hvdtrain.distributed import horovod_runner

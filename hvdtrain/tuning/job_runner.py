@@ -62,7 +62,7 @@ def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
     hosts = settings.hosts or f"localhost:{settings.np}"
     # Over Gloo horovodrun itself stops the workers: through launcher/grace.py they get the trial's --grace-s
     # (job_env) after SIGTERM to write their stop checkpoint and exit, not Horovod's 5 s (a pruned trial's
-    # workers were SIGKILLed mid-exit on a loaded machine).
+    # workers were SIGKILLed mid-exit on a loaded machine), and a stop without the races of Horovod's own.
     launcher = [sys.executable, "-m", "hvdtrain.launcher.grace"] if _graced(settings) else [horovodrun()]
     command = [*launcher, "-np", str(settings.np), "-H", hosts, f"--{settings.backend}",
                "--start-timeout", "120", "--disable-cache"]
