@@ -26,11 +26,10 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/horovod_bf
 run: setup
 	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) $(BIN)/python -m hvdtrain $(ARGS)
 
-# TEST_WORKERS=2 runs the test files on two pytest-xdist workers at once (the cluster tier on one of them, one
-# test after another: tests/conftest.py's xdist groups): 26 min instead of 35 on 2 cores. Not the default yet:
-# under that load a race in Horovod's launcher when it stops its workers shows (a pruned tune trial's job held for
-# its whole grace, or reported exit 0; docs/testing.md).
-TEST_WORKERS ?= 0
+# The test files run on TEST_WORKERS pytest-xdist workers at once (the cluster tier on one of them, one test after
+# another: tests/conftest.py's xdist groups): 26 min instead of 35 on 2 cores, as the tests are CPU-bound process
+# start-ups. TEST_WORKERS=0 runs everything in one process, in order (docs/testing.md).
+TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
 # The default run (what .ci/run calls): every tier without the long forms (docs/testing.md); test-all adds them.

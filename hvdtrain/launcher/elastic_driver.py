@@ -19,6 +19,8 @@ A job that ended in success ends with exit 0 (EndInSuccess): Horovod 0.28.1 stop
 workers have all reported and one of them succeeded, then terminates those still running (a survivor that had
 already entered the next rendezvous, READY, right after a re-admission) and counts their exit (255 over ssh)
 as the job's result: "exit 1 after done".
+Each middleman stops its worker with launcher/shell_stop.py, not Horovod's own function, whose races can hold a
+worker's slot for the whole grace or report a terminated worker's exit as 0 (a success, to the driver).
 """
 from __future__ import annotations
 
@@ -179,6 +181,11 @@ def main(argv: list[str]) -> int:
     # After giving up, Horovod may still return normally (a later stop() clears the error message).
     return 1 if any(w.gave_up for w in watches) else 0
 
+
+if __name__ == "__mp_main__":   # each middleman Horovod spawns re-imports this module: hvdtrain's stop of its worker
+    from hvdtrain.launcher.shell_stop import stop_shell_and_children
+
+    horovod_runner.replace_shell_termination(stop_shell_and_children)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -10,7 +10,8 @@ target, so the assignment below, at import time, holds there too.
 
 The same import replaces, in each middleman, the function that stops its worker: Horovod's can hold a job for
 its whole grace, or report a stopped worker's exit as 0 (launcher/shell_stop.py). `hvdtrain launch` and tune trials
-start every Gloo job that is not elastic through this module, with or without a grace.
+start every Gloo job that is not elastic through this module, with or without a grace (an elastic one goes
+through launcher/elastic_driver.py, which installs the same stop).
 
 The private names themselves are touched only in the adapter (distributed/horovod_runner.py), which checks they exist.
 Horovod's launcher owns the workers only under Gloo: with --mpi, horovodrun exec()s mpirun, whose own rules
