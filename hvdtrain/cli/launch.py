@@ -10,6 +10,8 @@ Its workers' heartbeats to that driver are sealed with a fresh per-job key, whic
 file (HVDTRAIN_CONTROL_KEY; distributed/control_wire.py).
 SIGTERM to this process reaches the workers through horovodrun, which kills them 5 s later; --grace-s N (or
 HVDTRAIN_GRACE_S=N) gives them N seconds to write their stop checkpoint (launcher/grace.py; Gloo, not elastic).
+Either way horovodrun stops each worker's shell with launcher/shell_stop.py, not Horovod's own function, whose
+races could hold the job for the whole grace or report a stopped job's exit as 0.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ index) (data/sample_seeds.py), so a run resumed mid-epoch draws the same augment
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.sample_seeds import EpochIndices, SeededSamples
 from hvdtrain.data.sharding import ShardSampler
 from hvdtrain.data.user_loader import LoaderSettings
+from hvdtrain.data.worker_lifetime import StopWithTrainer
 
 
 def loader_seed(seed: int, rank: int) -> int:
@@ -82,6 +84,9 @@ def build_loader(data: Any, sampler: Sampler[Any] | None, settings: LoadingSetti
     if isinstance(sampler, ShardSampler) and options.get("num_workers"):
         # Augmentations drawn per sample, not per worker stream: a mid-epoch resume draws what it would have.
         data, sampler = SeededSamples(data, settings.seed), EpochIndices(sampler)
+    if options.get("num_workers"):
+        # Under forkserver the workers would outlive a SIGKILLed training process (data/worker_lifetime.py).
+        options["worker_init_fn"] = StopWithTrainer(os.getpid(), options.get("worker_init_fn"))
     batch_size = user.batch_size if user is not None else settings.batch_size
     collate = user.collate_fn if user is not None else None
     return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate, **options)
