@@ -10,7 +10,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -78,14 +78,40 @@ def xdist_group(nodeid: str, tier: str | None) -> str:
     return "cluster" if tier == "cluster" else nodeid.split("::")[0]
 
 
+def group_of(nodeid: str) -> str:
+    """xdist_group() of a node id alone (the tier read from its path).
+
+    Example:
+        >>> group_of("tests/cluster/test_ray.py::test_x"), group_of("tests/unit/test_a.py::test_y[1]")
+        ('cluster', 'tests/unit/test_a.py')
+    """
+    path = nodeid.split("::")[0]
+    return xdist_group(path, next((part for part in path.split("/") if part in TIERS), None))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `--dist loadgroup`, the groups of xdist_group() by node id. pytest-xdist's own loadgroup reads the
+    xdist_group markers and appends the group to each item's `_nodeid`, which pytest 9 no longer reads (node ids
+    are `_id`): every test was scheduled alone, the cluster tier's tests two at a time. Its load-scope scheduler
+    asks for a test's scope by node id, so that is where the groups are given here."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Markers by folder (tests/unit -> unit, tests/one_rank -> one_rank, ...) and their xdist group, then the
-    --order asked for."""
+    """Markers by folder (tests/unit -> unit, tests/one_rank -> one_rank, ...), then the --order asked for (the xdist
+    groups: pytest_xdist_make_scheduler)."""
     for item in items:
         tier = next((part for part in Path(str(item.fspath)).parts if part in TIERS), None)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid, tier)))
     order_items(items, config.getoption("order"))
 
 

@@ -183,9 +183,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__mp_main__":   # each middleman Horovod spawns re-imports this module: hvdtrain's stop of its worker
-    from hvdtrain.launcher.shell_stop import stop_shell_and_children
+    from hvdtrain.launcher import shell_stop
 
-    horovod_runner.replace_shell_termination(stop_shell_and_children)
+    shell_stop.install()
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

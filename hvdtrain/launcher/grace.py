@@ -52,14 +52,10 @@ def apply(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None
 
 def install() -> int | None:
     """apply(), and hvdtrain's stop of a worker's shell in place of Horovod's; the grace now in force."""
-    from hvdtrain.distributed import horovod_runner
-    from hvdtrain.launcher.shell_stop import stop_shell_and_children
+    from hvdtrain.launcher import shell_stop
 
     grace = apply()
-    try:
-        horovod_runner.replace_shell_termination(stop_shell_and_children)
-    except horovod_runner.AdapterError as err:
-        raise RuntimeError(str(err)) from None
+    shell_stop.install()
     return grace
 
 

@@ -22,11 +22,24 @@ once, so nothing is lost.
 from __future__ import annotations
 
 import signal
+import sys
 import time
 
 import psutil
 
 POLL_S = 0.05
+
+
+def install() -> None:
+    """In horovodrun's process and its middlemen: stop_shell_and_children in place of Horovod's function. Under a
+    Horovod other than the one it was written for, Horovod's own stays, with one line on stderr (a middleman that
+    failed to import would fail the job)."""
+    from hvdtrain.distributed import horovod_runner
+
+    try:
+        horovod_runner.replace_shell_termination(stop_shell_and_children)
+    except horovod_runner.AdapterError as err:
+        print(f"hvdtrain: note: {err}; Horovod's own stop of its workers stays", file=sys.stderr, flush=True)
 
 
 def stop_shell_and_children(pid: int, grace_s: float) -> None:

@@ -10,7 +10,7 @@ import time
 
 import psutil
 
-from hvdtrain.launcher.shell_stop import stop_shell_and_children
+from hvdtrain.launcher.shell_stop import install, stop_shell_and_children
 
 # The worker says it is ready, then waits; on SIGTERM it does what the test names, then exits 143.
 WORKER = """
@@ -95,3 +95,27 @@ def test_a_shell_already_reaped_is_no_error():
     assert finish(shell) == 128 + signal.SIGKILL
     stop_shell_and_children(shell.pid, 1)
     stop_shell_and_children(2**22 + 1, 1)   # above Linux's largest pid: never a process
+
+
+def test_install_puts_hvdtrains_stop_in_horovods_place(monkeypatch):
+    from horovod.runner.common.util import safe_shell_exec
+
+    original = safe_shell_exec.terminate_executor_shell_and_children
+    monkeypatch.setattr(safe_shell_exec, "terminate_executor_shell_and_children", original)   # restored after
+    install()
+    assert safe_shell_exec.terminate_executor_shell_and_children is not original
+    shell, worker = start()
+    safe_shell_exec.terminate_executor_shell_and_children(shell.pid)
+    assert finish(shell) == 143   # Horovod's own would leave 0 here (the control above)
+
+
+def test_under_another_horovod_install_keeps_horovods_own_and_says_so(monkeypatch, capsys):
+    from horovod.runner.common.util import safe_shell_exec
+
+    from hvdtrain.distributed import horovod_runner
+
+    original = safe_shell_exec.terminate_executor_shell_and_children
+    monkeypatch.setattr(horovod_runner, "WRITTEN_FOR", "0.27.0")
+    install()
+    assert safe_shell_exec.terminate_executor_shell_and_children is original
+    assert "Horovod's own stop of its workers stays" in capsys.readouterr().err

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import order_items
+from tests.conftest import group_of, order_items, pytest_xdist_make_scheduler
 
 
 def _items():
@@ -35,3 +35,17 @@ def test_shuffled_keeps_each_files_tests_together_and_is_reproducible():
 def test_a_bad_order_is_a_one_line_usage_error(order):
     with pytest.raises(pytest.UsageError, match="shuffled:SEED"):
         order_items(_items(), order)
+
+
+def test_under_loadgroup_each_file_is_one_group_and_the_cluster_tier_one_group():
+    """pytest-xdist's own loadgroup no longer groups under pytest 9 (it sets `_nodeid`, which pytest no longer
+    reads): the scheduler conftest.py gives xdist puts the groups where it asks for a test's scope."""
+    config = SimpleNamespace(getvalue=lambda name: {"dist": "loadgroup", "tx": ["2*popen"]}.get(name),
+                             option=SimpleNamespace(numprocesses=2, maxschedchunk=None),
+                             getoption=lambda name, default=None: default)
+    scheduler = pytest_xdist_make_scheduler(config, log=None)
+    assert scheduler._split_scope("tests/cluster/test_ray.py::test_a") == "cluster"
+    assert scheduler._split_scope("tests/cluster/test_slurm.py::test_b[x]") == "cluster"
+    assert scheduler._split_scope("tests/unit/test_a.py::test_c[1]") == "tests/unit/test_a.py" == \
+        group_of("tests/unit/test_a.py::test_d")
+    assert pytest_xdist_make_scheduler(SimpleNamespace(getvalue=lambda name: "load"), log=None) is None
