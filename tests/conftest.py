@@ -89,6 +89,7 @@ def group_of(nodeid: str) -> str:
     return xdist_group(path, next((part for part in path.split("/") if part in TIERS), None))
 
 
+@pytest.hookimpl(optionalhook=True)   # a pytest-xdist hook: pytest without xdist must not refuse it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under `--dist loadgroup`, the groups of xdist_group() by node id. pytest-xdist's own loadgroup reads the
     xdist_group markers and appends the group to each item's `_nodeid`, which pytest 9 no longer reads (node ids
