@@ -66,32 +66,22 @@ def order_items(items: list[pytest.Item], order: str) -> None:
     items[:] = [item for group in groups for item in group]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # pytest-xdist registers it too; without xdist the groups are unused but must still be known markers.
-    config.addinivalue_line("markers", "xdist_group(name): tests that run on one xdist worker, one after another")
-
-
-def xdist_group(nodeid: str, tier: str | None) -> str:
-    """The group a test runs in under `pytest -n N --dist loadgroup` (make test): its file, so module-scoped
-    fixtures are built once; the whole cluster tier is one group, since its tests share fixed namespace
-    addresses, the Slurm daemons and Ray's ports, and its timings assume no other cluster beside it."""
-    return "cluster" if tier == "cluster" else nodeid.split("::")[0]
-
-
 def group_of(nodeid: str) -> str:
-    """xdist_group() of a node id alone (the tier read from its path).
+    """The group a test runs in under `pytest -n N --dist loadgroup` (make test TEST_WORKERS=2): its file, so
+    module-scoped fixtures are built once; the whole cluster tier is one group, since its tests share fixed namespace
+    addresses, the Slurm daemons and Ray's ports, and its timings assume no other cluster beside it.
 
     Example:
         >>> group_of("tests/cluster/test_ray.py::test_x"), group_of("tests/unit/test_a.py::test_y[1]")
         ('cluster', 'tests/unit/test_a.py')
     """
     path = nodeid.split("::")[0]
-    return xdist_group(path, next((part for part in path.split("/") if part in TIERS), None))
+    return "cluster" if "cluster" in path.split("/") else path
 
 
 @pytest.hookimpl(optionalhook=True)   # a pytest-xdist hook: pytest without xdist must not refuse it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under `--dist loadgroup`, the groups of xdist_group() by node id. pytest-xdist's own loadgroup reads the
+    """Under `--dist loadgroup`, the groups of group_of() by node id. pytest-xdist's own loadgroup reads the
     xdist_group markers and appends the group to each item's `_nodeid`, which pytest 9 no longer reads (node ids
     are `_id`): every test was scheduled alone, the cluster tier's tests two at a time. Its load-scope scheduler
     asks for a test's scope by node id, so that is where the groups are given here."""

@@ -57,7 +57,7 @@ def stop_shell_and_children(pid: int, grace_s: float) -> None:
     # shell has not reaped yet (a zombie: the shell may be stopped, or busy) counts as ended.
     _ended_within(children, grace_s)
     for child in children:
-        if _running(child):
+        if running(child):
             try:
                 descendants = child.children(recursive=True)
             except psutil.NoSuchProcess:
@@ -78,7 +78,7 @@ def _signal(process: psutil.Process, signum: int) -> None:
         pass
 
 
-def _running(process: psutil.Process) -> bool:
+def running(process: psutil.Process) -> bool:
     """Alive and not a zombie (one that exited and waits for its parent to reap it)."""
     try:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
@@ -89,7 +89,7 @@ def _running(process: psutil.Process) -> bool:
 def _ended_within(processes: list[psutil.Process], seconds: float) -> bool:
     """Whether every one of `processes` ended within `seconds`, by polling (never waitpid)."""
     deadline = time.monotonic() + seconds
-    while any(_running(process) for process in processes):
+    while any(running(process) for process in processes):
         if time.monotonic() >= deadline:
             return False
         time.sleep(POLL_S)

@@ -15,6 +15,8 @@ import psutil
 import pytest
 from conftest import ROOT
 
+from hvdtrain.launcher.shell_stop import running
+
 SCRIPT = """
 import sys, time, torch
 from pathlib import Path
@@ -56,22 +58,15 @@ def test_loader_workers_end_with_a_sigkilled_training_process(tmp_path: Path, st
         assert sorted(p.name for p in tmp_path.glob("init-*")) == ["init-0", "init-1"]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        wait_until(lambda: not any(alive(worker) for worker in workers), 20)
-        assert not any(alive(worker) for worker in workers), f"{start_method}: loader workers outlived the trainer"
+        wait_until(lambda: not any(running(worker) for worker in workers), 20)
+        assert not any(running(worker) for worker in workers), f"{start_method}: loader workers outlived the trainer"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         for worker in workers:   # only this test's own workers, by pid and start time
-            if alive(worker):
+            if running(worker):
                 worker.kill()
-
-
-def alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def wait_until(condition, seconds: float) -> None:

@@ -10,7 +10,7 @@ import time
 
 import psutil
 
-from hvdtrain.launcher.shell_stop import install, stop_shell_and_children
+from hvdtrain.launcher.shell_stop import install, running, stop_shell_and_children
 
 # The worker says it is ready, then waits; on SIGTERM it does what the test names, then exits 143.
 WORKER = """
@@ -38,10 +38,7 @@ def start(stop_parent: bool = False, ignore_term: bool = False) -> tuple[subproc
 
 def gone(process: psutil.Process) -> bool:
     """Ended: no such process, or a zombie its (possibly stopped) shell has not reaped yet."""
-    try:
-        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    return not running(process)
 
 
 def finish(shell: subprocess.Popen) -> int:
