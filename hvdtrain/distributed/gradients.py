@@ -88,14 +88,15 @@ class GradientViews:
     """
 
     def __init__(self, groups: list[list[torch.nn.Parameter]]):
-        # The last bucket (the first layers, sent when backward ends) has one more float32 element after its
-        # gradients when it is float32: `flag`, where the step's non-finite-loss flag is written, so that the flag,
-        # sent just after it and fused with it, still lies back to back with the gradients.
-        extra = [0] * (len(groups) - 1) + [1 if groups[-1][0].dtype == torch.float32 else 0]
+        # The first bucket (the last layers, sent first in backward) has one more float32 element after its
+        # gradients when it is float32: `flag`, where the step's non-finite-loss flag is written before backward.
+        # It is sent as part of that bucket, so the ranks know whether to step once the first bucket is back
+        # (bucket_step.py), at no negotiation of its own.
+        extra = [1 if groups[0][0].dtype == torch.float32 else 0] + [0] * (len(groups) - 1)
         self.flats = [torch.zeros(sum(p.numel() for p in group) + more, dtype=group[0].dtype, device=group[0].device)
                       for group, more in zip(groups, extra, strict=True)]
         self.groups = groups
-        self.flag = self.flats[-1][-1:] if extra[-1] else None
+        self.flag = self.flats[0][-1:] if extra[0] else None
 
     def attach(self) -> None:
         """Zero the buffers and make every gradient its slice again (after zero_grad set them to None)."""
@@ -129,22 +130,29 @@ def scale_before_sending(optimizer: Any) -> None:
     (benchmarks/results/2026-12-06-i-network-inplace). Here the division is done when the bucket is submitted,
     usually while the previous one is still on the wire. With a power-of-two number of workers the result is the
     same bit for bit (halving is exact); otherwise it differs from Horovod's average only in rounding.
-    `optimizer.loss_flag_op` tells the non-finite-loss flag to be summed too, so it still fuses with the last bucket.
+    With gradient views, the first bucket carries the step's non-finite-loss flag (`GradientViews.flag`), summed
+    with it: `optimizer.loss_flag_slot` is where the loop writes the flag before backward.
     """
     scale = 1.0 / hvd.size()
     names = optimizer._parameter_names
+    views = getattr(optimizer, "gradient_views", None)
+    flag = views.flag if views is not None else None
+    first = views.groups[0][0] if views is not None else None
 
     def grouped_allreduce_grad_async(params: tuple[torch.nn.Parameter, ...]) -> tuple[Any, list[None]]:
         # Set before a bucket is sent: by backward, or zeros where this rank skipped one (send_unfinished_buckets).
         grads = [cast(torch.Tensor, p.grad) for p in params]
         if scale != 1.0:
             torch._foreach_mul_(grads, scale)   # Horovod: each worker's share of the average, before sending
+        if flag is not None and params[0] is first:
+            grads.append(flag)                  # Horovod: NaN if any rank's loss was not finite, else 0
         handle = hvd.grouped_allreduce_async_(grads, name=names.get(params[0]), op=hvd.Sum,
                                               process_set=optimizer.process_set)
         return handle, [None] * len(params)
 
     optimizer._grouped_allreduce_grad_async = grouped_allreduce_grad_async
     optimizer.loss_flag_op = hvd.Sum
+    optimizer.loss_flag_slot = flag
 
 
 def _groups_apply(op: str, gradient_predivide_factor: float) -> bool:

@@ -59,13 +59,16 @@ def test_gradient_views_lie_back_to_back_per_bucket_and_backward_adds_into_them(
     groups = buckets(net.parameters(), 0.01)   # 10 KB cap: the 16 KB weight alone, then the rest
     views = GradientViews(groups)
     views.attach()
+    ends = []
     for flat, group in zip(views.flats, groups, strict=True):
         start = flat.data_ptr()
         for param in group:   # each gradient the next slice of its bucket's buffer, in the bucket's order
             assert param.grad.data_ptr() == start and param.grad.shape == param.shape
             start += param.numel() * param.element_size()
-    # the last bucket keeps one float32 element after its gradients for the step's non-finite-loss flag
-    assert views.flag is not None and views.flag.data_ptr() == start
+        ends.append(start)
+    # the first bucket (sent first) keeps one float32 element after its gradients for the step's non-finite-loss flag
+    assert views.flag is not None and views.flag.data_ptr() == ends[0]
+    assert [flat.numel() for flat in views.flats] == [10 + 10 * 64 + 64 + 1, 64 * 64]
     plain = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     plain.load_state_dict(net.state_dict())
     batch = torch.randn(8, 64)
@@ -84,7 +87,7 @@ def test_gradient_views_lie_back_to_back_per_bucket_and_backward_adds_into_them(
     assert all(flat.abs().sum() == 0 for flat in views.flats) and len(groups) == 2
 
 
-def test_a_bfloat16_last_bucket_has_no_flag_element():
+def test_a_bfloat16_first_bucket_has_no_flag_element():
     from hvdtrain.distributed.gradients import GradientViews
 
     net = nn.Linear(4, 4).to(torch.bfloat16)
