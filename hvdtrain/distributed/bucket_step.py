@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -51,7 +51,7 @@ def step_by_bucket(optimizer: Any, first: tuple[torch.nn.Parameter, ...] | None,
     """
     send_unfinished_buckets(optimizer)
     handles: dict[Any, tuple[Any, Any]] = optimizer._handles
-    order = [first] if first in handles else []
+    order: list[tuple[torch.nn.Parameter, ...]] = [first] if first is not None and first in handles else []
     order += [key for key in handles if key is not first]
     everyone = [p for group in optimizer.param_groups for p in group["params"]]
     allowed: bool | None = None
@@ -75,7 +75,7 @@ def _take_result(optimizer: Any, bucket: tuple[torch.nn.Parameter, ...], handle:
     # The first bucket's outputs end with the loss flag, which is no parameter's (strict=False leaves it).
     for param, output, param_ctx in zip(bucket, outputs, ctx, strict=False):
         optimizer._allreduce_delay[param] = optimizer.backward_passes_per_step
-        param.grad.set_(optimizer._compression.decompress(output, param_ctx))
+        cast(torch.Tensor, param.grad).set_(optimizer._compression.decompress(output, param_ctx))
     optimizer._group_counts[bucket] = 0
 
 
