@@ -239,9 +239,8 @@ class Trainer:
             weight = out.n / step_samples(micro, config.batch_size, config.accumulate, shard_len)
             share = out.loss if weight == 1.0 else out.loss * weight
             step_parts.append(self.reporter.metrics.batch_parts(out.loss, out.n, out.extras, out.outputs, out.targets))
-            self.optimizer_step.before_backward(step_parts)  # Horovod: the loss flag goes with the first bucket
-            # Horovod: a step's last backward starts the allreduces; earlier ones add up gradients locally.
-            self.precision.scale(share).backward()
+            self.optimizer_step.before_backward(step_parts)  # Horovod: the loss flag goes in the first bucket
+            self.precision.scale(share).backward()  # Horovod: the step's last backward starts the allreduces
             p.position += out.n * self.world.size
             seen += out.n
             if (micro + 1) % config.accumulate and micro + 1 != batches:
