@@ -26,11 +26,9 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/horovod_bf
 run: setup
 	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) $(BIN)/python -m hvdtrain $(ARGS)
 
-# TEST_WORKERS=2 runs the test files on two pytest-xdist workers at once, each file one group and the cluster tier
-# one group, one test after another (tests/conftest.py's scheduler). Not the default yet: the runs measured so far
-# (26 min against 35 on one process) had no groups at all, as pytest-xdist's own groups do not work under pytest 9
-# (docs/testing.md); a run with the groups is still to be made.
-TEST_WORKERS ?= 0
+# Two pytest-xdist workers run the test files at once, each file one group and the cluster tier one group, one test
+# after another (tests/conftest.py's scheduler; docs/testing.md). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
 # The default run (what .ci/run calls): every tier without the long forms (docs/testing.md); test-all adds them.
