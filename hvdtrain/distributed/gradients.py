@@ -136,15 +136,16 @@ def scale_before_sending(optimizer: Any) -> None:
     scale = 1.0 / hvd.size()
     names = optimizer._parameter_names
     views = getattr(optimizer, "gradient_views", None)
-    flag = views.flag if views is not None else None
-    first = views.groups[0][0] if views is not None else None
+    # Horovod's group of the first bucket (its parameters that the optimizer holds; filled only with several ranks).
+    first = optimizer._p_to_group.get(views.groups[0][0]) if views is not None else None
+    flag = views.flag if views is not None and (first is not None or hvd.size() == 1) else None
 
     def grouped_allreduce_grad_async(params: tuple[torch.nn.Parameter, ...]) -> tuple[Any, list[None]]:
         # Set before a bucket is sent: by backward, or zeros where this rank skipped one (send_unfinished_buckets).
         grads = [cast(torch.Tensor, p.grad) for p in params]
         if scale != 1.0:
             torch._foreach_mul_(grads, scale)   # Horovod: each worker's share of the average, before sending
-        if flag is not None and params[0] is first:
+        if flag is not None and params is first:
             grads.append(flag)                  # Horovod: NaN if any rank's loss was not finite, else 0
         handle = hvd.grouped_allreduce_async_(grads, name=names.get(params[0]), op=hvd.Sum,
                                               process_set=optimizer.process_set)
@@ -152,7 +153,7 @@ def scale_before_sending(optimizer: Any) -> None:
 
     optimizer._grouped_allreduce_grad_async = grouped_allreduce_grad_async
     optimizer.loss_flag_op = hvd.Sum
-    optimizer.loss_flag_slot = flag
+    optimizer.loss_flag_slot, optimizer.loss_flag_bucket = flag, first
 
 
 def _groups_apply(op: str, gradient_predivide_factor: float) -> bool:

@@ -33,9 +33,7 @@ class OptimizerStep:
         self.check_loss = bool(nonfinite_limit) and not self.steps_in_backward and self.scaler is None
         # Where the loss flag rides in the first bucket (gradients.scale_before_sending), written before backward.
         self.flag_slot = getattr(optimizer, "loss_flag_slot", None) if self.check_loss else None
-        groups = getattr(optimizer, "_p_to_group", None)
-        views = getattr(optimizer, "gradient_views", None)
-        self.first_bucket = groups[views.groups[0][0]] if groups and views is not None else None
+        self.first_bucket = getattr(optimizer, "loss_flag_bucket", None)
 
     def before_backward(self, parts: list[BatchParts]) -> None:
         """The step's loss is known: write its non-finite flag where the first bucket will send it."""

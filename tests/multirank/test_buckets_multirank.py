@@ -100,3 +100,9 @@ def test_stepping_bucket_by_bucket_gives_the_weights_of_one_step_and_skips_a_non
                                        msg=f"{kind} step {n}")
         unchanged = by_bucket["weights"][nan_step - 1]
         torch.testing.assert_close(by_bucket["weights"][nan_step], unchanged, atol=0, rtol=0)
+    # A trainable parameter the optimizer does not hold, first in the first bucket: the flag is sent on its own
+    # and every step is one step after the last bucket; the NaN step is still skipped on both ranks.
+    partial = found[("partial", True)]
+    assert partial["skipped"] == 1 and partial["calls"] == steps - 1, partial["calls"]
+    for n in range(steps):
+        torch.testing.assert_close(partial["weights"][n], found[("partial", False)]["weights"][n], atol=0, rtol=0)

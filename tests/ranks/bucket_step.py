@@ -23,7 +23,9 @@ from hvdtrain.train.progress import Progress
 
 STEPS, NAN_STEP = 5, 3
 OPTIMIZERS = {"sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3),
-              "adamw": lambda params: torch.optim.AdamW(params, lr=0.01)}
+              "adamw": lambda params: torch.optim.AdamW(params, lr=0.01),
+              # the last layer's bias, the first bucket's first parameter, left out of the optimizer (but trainable)
+              "partial": lambda params: torch.optim.SGD(list(params)[:-1], lr=0.1, momentum=0.9)}
 
 
 def model() -> nn.Module:
