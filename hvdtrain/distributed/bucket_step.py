@@ -30,12 +30,14 @@ ELEMENTWISE: tuple[type, ...] = (torch.optim.SGD, torch.optim.Adam, torch.optim.
 
 
 def can_step_by_bucket(optimizer: Any) -> bool:
-    """Whether `optimizer` (Horovod's DistributedOptimizer, with buckets) may step bucket by bucket now."""
+    """Whether `optimizer` (Horovod's DistributedOptimizer, just wrapped) may step bucket by bucket: buckets (which
+    Horovod forms only with several ranks), a per-parameter optimizer, every trainable parameter in a bucket. Step
+    hooks, which can be added later, are for has_step_hooks() at each step."""
     groups = getattr(optimizer, "_group_counts", None)
-    if not groups or hvd.size() == 1 or os.environ.get("HVDTRAIN_STEP_BY_BUCKET", "1") == "0":
+    if not groups or os.environ.get("HVDTRAIN_STEP_BY_BUCKET", "1") == "0":
         return False
     user_class = type(optimizer).__mro__[1]   # Horovod's wrapper is a subclass of the user's optimizer's class
-    if user_class not in ELEMENTWISE or _has_step_hooks(optimizer):
+    if user_class not in ELEMENTWISE:
         return False
     bucketed = {id(p) for group in groups for p in group}
     return all(id(p) in bucketed for group in optimizer.param_groups for p in group["params"] if p.requires_grad)
@@ -94,7 +96,8 @@ def _step_only(optimizer: Any, bucket: tuple[torch.nn.Parameter, ...], everyone:
             param.grad = grad
 
 
-def _has_step_hooks(optimizer: Any) -> bool:
+def has_step_hooks(optimizer: Any) -> bool:
+    """Step hooks on this optimizer or on every optimizer: they would run once per bucket."""
     from torch.optim import optimizer as torch_optimizer
 
     return bool(getattr(optimizer, "_optimizer_step_pre_hooks", None)

@@ -34,36 +34,30 @@ class OptimizerStep:
         # Where the loss flag rides in the first bucket (gradients.scale_before_sending), written before backward.
         self.flag_slot = getattr(optimizer, "loss_flag_slot", None) if self.check_loss else None
         self.first_bucket = getattr(optimizer, "loss_flag_bucket", None)
+        # Stepping by bucket needs the verdict from the first bucket, where the loss is checked at all.
+        self.by_bucket = (self.scaler is None and not self.steps_in_backward
+                          and (self.flag_slot is not None or not self.check_loss)
+                          and bucket_step.can_step_by_bucket(optimizer))
 
     def before_backward(self, parts: list[BatchParts]) -> None:
         """The step's loss is known: write its non-finite flag where the first bucket will send it."""
         if self.flag_slot is not None:
-            loss = parts[0][0] if len(parts) == 1 else torch.stack([part[0] for part in parts]).double().sum()
-            self.flag_slot.copy_((loss.detach() * 0).reshape(self.flag_slot.shape))   # inf * 0 is NaN
+            self.flag_slot.copy_((step_loss(parts).detach() * 0).reshape(self.flag_slot.shape))   # inf * 0 is NaN
 
     def apply(self, p: Progress, parts: list[BatchParts]) -> bool:
         """Apply the step's gradients, the same on every rank; False when skipped as non-finite."""
         if self.steps_in_backward:
             self.optimizer.step()                           # Horovod: combines the Adasum deltas from backward
             return True
-        if self.scaler is None and (self.flag_slot is not None or not self.check_loss) and (
-                bucket_step.can_step_by_bucket(self.optimizer)):
+        if self.by_bucket and not bucket_step.has_step_hooks(self.optimizer):
             # Horovod: each bucket is stepped once it is back, the others still on the wire.
             finite = bucket_step.step_by_bucket(self.optimizer, self.first_bucket, self._loss_finite)
             return not self.check_loss or count_nonfinite(p, finite, "loss", self.limit)
         loss_flag = None
-        if self.flag_slot is not None:
-            gradients.synchronize_gradients(self.optimizer)
-            applied = count_nonfinite(p, self._loss_finite(), "loss", self.limit)
-            if applied:
-                with self.optimizer.skip_synchronize():
-                    self.optimizer.step()
-            return applied
-        if self.check_loss:
+        if self.check_loss and self.flag_slot is None:
             # Horovod: non-finite loss on any rank -> skip on all; rides in the gradients' last allreduce.
-            loss = parts[0][0] if len(parts) == 1 else torch.stack([part[0] for part in parts]).double().sum()
             views = getattr(self.optimizer, "gradient_views", None)
-            loss_flag = collectives.nonfinite_flag_async(loss, "step_loss", self.predivide,
+            loss_flag = collectives.nonfinite_flag_async(step_loss(parts), "step_loss", self.predivide,
                                                          slot=views.flag if views else None,
                                                          op=getattr(self.optimizer, "loss_flag_op", None))
         gradients.synchronize_gradients(self.optimizer)     # Horovod: averaged gradients, equal on all ranks
@@ -71,7 +65,8 @@ class OptimizerStep:
             self.scaler.unscale_(self.optimizer)            # Horovod: after the allreduce, so all ranks agree
             applied = gradients_finite(self.model, self.scaler, p, self.limit)
         else:
-            applied = loss_flag is None or count_nonfinite(p, collectives.all_finite(loss_flag), "loss", self.limit)
+            finite = self._loss_finite() if loss_flag is None else collectives.all_finite(loss_flag)
+            applied = not self.check_loss or count_nonfinite(p, finite, "loss", self.limit)
         if applied:
             with self.optimizer.skip_synchronize():
                 if self.scaler:
@@ -85,3 +80,8 @@ class OptimizerStep:
     def _loss_finite(self) -> bool:
         # Read once the first bucket is back: the sum of every rank's flag (NaN if any rank's loss was not).
         return self.flag_slot is None or math.isfinite(float(self.flag_slot))
+
+
+def step_loss(parts: list[BatchParts]) -> torch.Tensor:
+    """The step's loss over its micro-batches (one value; NaN or inf if any of them was)."""
+    return parts[0][0] if len(parts) == 1 else torch.stack([part[0] for part in parts]).double().sum()
