@@ -19,6 +19,7 @@ import psutil
 import pytest
 import torch
 from conftest import BIN, ROOT, kill_tree
+from waiting import wait_for
 
 THREE_HOSTS = "localhost:2\n127.0.0.1:1\n"
 TRAIN_SAMPLES = 1438  # digits minus the held-out 20%
@@ -70,15 +71,6 @@ def probe_lines(tmp_path: Path) -> list[dict]:
         pid = file.suffix
         lines += [{**json.loads(line), "pid": pid} for line in file.read_text().splitlines() if line.strip()]
     return sorted(lines, key=lambda r: r["t"])
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def effective_steps(lines: list[dict]) -> dict[int, list[int]]:
@@ -158,7 +150,7 @@ def finished(proc: subprocess.Popen, tmp_path: Path, timeout: float = 300) -> di
 
 def test_killing_a_worker_mid_epoch_recovers_fast_and_loses_no_sample(tmp_path, elastic_job):
     proc, _ = elastic_job()
-    wait_until(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")  # ~30 steps per epoch
+    wait_for(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")  # ~30 steps per epoch
     victim = worker_on(proc, "127.0.0.1")
     before = max(line["call"] for line in probe_lines(tmp_path))
     killed_at = time.time()
@@ -188,19 +180,19 @@ def pids_training_since(tmp_path: Path, since: float) -> set[str]:
 
 def test_removing_a_host_and_adding_it_back_shrinks_and_regrows_without_losing_a_sample(tmp_path, elastic_job):
     proc, hosts = elastic_job()
-    wait_until(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")
+    wait_for(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")
     first = worker_on(proc, "127.0.0.1")
     removed_at = time.time()
     rewrite(hosts, "localhost:2\n")
-    wait_until(lambda: not first.is_running() or first.status() == psutil.STATUS_ZOMBIE, 60,
+    wait_for(lambda: not first.is_running() or first.status() == psutil.STATUS_ZOMBIE, 60,
                "the removed host's worker to leave")
-    wait_until(lambda: time.time() > removed_at + 5 and len(pids_training_since(tmp_path, removed_at + 5)) == 2,
+    wait_for(lambda: time.time() > removed_at + 5 and len(pids_training_since(tmp_path, removed_at + 5)) == 2,
                60, "two workers training on after the removal")
     shrunk = pids_training_since(tmp_path, removed_at + 5)
     assert f".{first.pid}" not in shrunk
     readded_at = time.time()
     rewrite(hosts, THREE_HOSTS)
-    wait_until(lambda: len(pids_training_since(tmp_path, readded_at) - shrunk) == 1, 120,
+    wait_for(lambda: len(pids_training_since(tmp_path, readded_at) - shrunk) == 1, 120,
                "a new worker on the re-added host to train")
     summary = finished(proc, tmp_path)
     # A threshold: membership changes at time-dependent steps, so no run is a reference; the coverage is exact.
@@ -265,7 +257,7 @@ def checkpoints(tmp_path: Path) -> list[Path]:
 def test_below_min_np_the_job_saves_then_ends_with_one_line_naming_the_lost_host(tmp_path, elastic_job, how):
     """horovod#3494: below --min-np Horovod waits for ever (removed) or 600 s (killed); hvdtrain launch bounds it."""
     proc, hosts = elastic_job(launcher=HVDTRAIN_LAUNCH, start_timeout=WAIT_S)
-    wait_until(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")
+    wait_for(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")
     before = checkpoints(tmp_path)    # one per epoch end so far
     lost_at, lost_wall = time.monotonic(), time.time()
     if how == "removed":

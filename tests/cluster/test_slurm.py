@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import BIN, ROOT
 from slurm_cluster import NODE, SlurmCluster, running_slurm
+from waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "slurm.sbatch"
 PLUGINS = ROOT / "tests" / "plugins"
@@ -30,13 +31,6 @@ JOB = ["--dataset", "digits", "--val-fraction", "0.2005", "--batch-size", "32", 
        "--threads", "1", "--log-interval", "1"]
 HOLD_AFTER = 12     # training steps before every rank waits on the hold file (the step-10 checkpoint is written)
 JOB_TIMEOUT = 300
-
-
-def wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
 
 
 def assert_same_weights(run: Path, reference: Path) -> None:
@@ -97,7 +91,7 @@ def held_job(slurm, tmp_path):
     job = sbatch(slurm, log, args, FAULTS_HOLD_FILE=str(hold), FAULTS_HOLD_AFTER=str(HOLD_AFTER))
     ckpts = tmp_path / "run" / "checkpoints"
     wait_for(lambda: (ckpts / "ckpt-000000010.pt").exists() or slurm.job_state(job) not in ("PENDING", "RUNNING"),
-             timeout=JOB_TIMEOUT)
+             timeout=JOB_TIMEOUT, what="checkpoint 10 or the job's end")
     assert slurm.job_state(job) == "RUNNING", log.read_text()[-3000:]
     return hold, log, args, job
 
@@ -131,14 +125,16 @@ def test_scontrol_requeue_mid_epoch_resumes_by_itself_and_equals_the_uninterrupt
                  FAULTS_HOLD_FILE=str(hold), FAULTS_HOLD_AFTER=str(HOLD_AFTER))
     run = tmp_path / f"slurm-{job}"
     wait_for(lambda: (run / "checkpoints" / "ckpt-000000010.pt").exists()
-             or slurm.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT)
+             or slurm.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT,
+             what="the checkpoint or the job's end")
     assert slurm.job_state(job) == "RUNNING", log.read_text()[-3000:]
     started = time.monotonic()
     slurm.client("scontrol", "requeue", job)
     hold.unlink()      # the restarted run counts its steps from its resume point: it must not hold again
     # Slurm holds a requeued job ~2 minutes (its begin time): once the node has cleaned up after the first run,
     # the test lets it start (earlier, the restarted batch step fails to launch).
-    wait_for(lambda: slurm.job_state(job) == "PENDING" and slurm.node_state(NODE) == "idle", timeout=JOB_TIMEOUT)
+    wait_for(lambda: slurm.job_state(job) == "PENDING" and slurm.node_state(NODE) == "idle", timeout=JOB_TIMEOUT,
+             what="the requeued job pending on an idle node")
     slurm.client("scontrol", "update", f"JobId={job}", "StartTime=now")
     state = slurm.wait_job(job, JOB_TIMEOUT)
     out = log.read_text() if log.exists() else "(no job output)"

@@ -27,6 +27,7 @@ import torch
 from conftest import BIN, ROOT
 from netns_cluster import IFACE
 from slurm_cluster import SlurmCluster, running_slurm_hosts
+from waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "slurm.sbatch"
 PLUGINS = ROOT / "tests" / "plugins"
@@ -58,13 +59,6 @@ def sbatch(cluster: SlurmCluster, log: Path, args: list[str], options: tuple[str
                         **{"FAULTS_SLEEP_S": "0", **MPI_ENV, **env}))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip().split(";")[0]
-
-
-def wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.2)
 
 
 def where(folder: Path) -> list[dict]:
@@ -137,13 +131,15 @@ def test_early_warning_on_two_nodes_then_requeue_resumes_by_itself_exactly(slurm
                  FAULTS_HOLD_FILE=str(hold), FAULTS_HOLD_AFTER=str(HOLD_AFTER), WHERE_DIR=str(tmp_path / "where"))
     run = tmp_path / f"slurm-{job}"
     wait_for(lambda: (run / "checkpoints" / "ckpt-000000010.pt").exists()
-             or cluster.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT)
+             or cluster.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT,
+             what="the checkpoint or the job's end")
     assert cluster.job_state(job) == "RUNNING", log.read_text()[-3000:]
     # What `#SBATCH --signal=B:USR1@T` sends: USR1 to the batch shell (srun, which the recipe exec()s), which
     # forwards it to the tasks on both nodes.
     cluster.client("scancel", "--batch", "--signal=USR1", job)
     hold.unlink()      # the restarted run counts its steps from its resume point: it must not hold again
-    wait_for(lambda: cluster.job_state(job) not in ("PENDING", "RUNNING", "COMPLETING"), timeout=JOB_TIMEOUT)
+    wait_for(lambda: cluster.job_state(job) not in ("PENDING", "RUNNING", "COMPLETING"), timeout=JOB_TIMEOUT,
+             what="the job's end")
     out = log.read_text()
     stop = re.search(r"hvdtrain: stopped by SIGUSR1 at step (\d+); checkpoint ", out)
     assert stop and 10 < int(stop[1]) < 23, out[-3000:]               # its own checkpoint, mid-epoch 1
@@ -155,7 +151,8 @@ def test_early_warning_on_two_nodes_then_requeue_resumes_by_itself_exactly(slurm
     # The pre-empted job is requeued (as PreemptMode=REQUEUE or a site's USR1 handler would): no user action after.
     # Slurm holds a requeued job ~2 minutes before it may start again (its begin time); the test starts it once
     # both nodes have cleaned up after its first run (earlier, its new batch step fails to launch).
-    wait_for(lambda: all(cluster.node_state(node.name) == "idle" for node in cluster.nodes), timeout=120)
+    wait_for(lambda: all(cluster.node_state(node.name) == "idle" for node in cluster.nodes), timeout=120,
+             what="both nodes idle")
     cluster.client("scontrol", "requeue", job)
     time.sleep(2)
     cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now")

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import BIN, ROOT
 from slurm_cluster import NODE, SlurmCluster, running_slurm
+from waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "tune.sbatch"
 PLUGINS = ROOT / "tests" / "plugins"
@@ -31,13 +32,6 @@ STUDY = ["--trials", "3", "--backend", "mpi", "--sampler", "random", "--sampler-
 JOB_TIMEOUT = 400
 
 pytestmark = pytest.mark.long
-
-
-def wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +88,18 @@ def test_a_requeued_study_resumes_and_finds_the_same_best_trial(slurm, tmp_path,
     job, log = submit(slurm, tmp_path, FAULTS_HOLD_FILE=str(hold), FAULTS_HOLD_AFTER="12")
     study = tmp_path / "tune" / f"slurm-{job}"
     wait_for(lambda: (study / "trials" / "trial-0001.yaml").exists()
-             or slurm.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT)
+             or slurm.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT,
+             what="the checkpoint or the job's end")
     hold.touch()
     ckpt = study / "trials" / "trial-0001" / "checkpoints" / "ckpt-000000010.pt"
-    wait_for(lambda: ckpt.exists() or slurm.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT)
+    wait_for(lambda: ckpt.exists() or slurm.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT,
+             what="the checkpoint or the job's end")
     assert slurm.job_state(job) == "RUNNING", log.read_text()[-3000:]
     started = time.monotonic()
     slurm.client("scontrol", "requeue", job)
     hold.unlink()
-    wait_for(lambda: slurm.job_state(job) == "PENDING" and slurm.node_state(NODE) == "idle", timeout=JOB_TIMEOUT)
+    wait_for(lambda: slurm.job_state(job) == "PENDING" and slurm.node_state(NODE) == "idle", timeout=JOB_TIMEOUT,
+             what="the requeued job pending on an idle node")
     slurm.client("scontrol", "update", f"JobId={job}", "StartTime=now")   # not Slurm's ~2 min hold
     state = slurm.wait_job(job, JOB_TIMEOUT)
     out = log.read_text() if log.exists() else "(no job output)"

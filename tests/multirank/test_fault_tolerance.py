@@ -10,22 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import BACKENDS, ROOT, horovodrun, kill_tree, show
+from waiting import wait_for
 
 PLUGINS = {"PYTHONPATH": str(ROOT / "tests" / "plugins")}
 # 512 samples, 16 per worker per step on 2 workers: 16 steps per epoch, 48 in all.
 JOB = ["-m", "hvdtrain", "--dataset", "synthetic", "--synthetic-samples", "640", "--synthetic-shape", "1,8,8",
        "--model", "faults:slow_mlp", "--hidden", "32", "--batch-size", "16", "--epochs", "3",
        "--checkpoint-steps", "5", "--keep-checkpoints", "10", "--threads", "1", "--log-interval", "4"]
-
-
-def wait_for(predicate, timeout: float = 120.0, every: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
 
 
 def final_weights(run: Path) -> dict[str, torch.Tensor]:
@@ -52,7 +43,7 @@ def kill_then_resume(tmp_path, background, when, env=None):
     proc = background(2, [*JOB, "--run-dir", str(tmp_path), "--name", "run"], "gloo", log,
                       env={**PLUGINS, "FAULTS_SLEEP_S": "0.05", **(env or {})})
     ckpts = tmp_path / "run" / "checkpoints"
-    wait_for(lambda: when(ckpts) or proc.poll() is not None)
+    wait_for(lambda: when(ckpts) or proc.poll() is not None, 120, "the planned kill's moment", every=0.02)
     assert proc.poll() is None, "the job ended before the planned kill:\n" + log.read_text()[-3000:]
     kill_tree(proc, signal.SIGKILL)  # every rank and the launcher at once, no cleanup
     return ckpts
@@ -98,7 +89,7 @@ def test_ctrl_c_stops_all_ranks_with_a_checkpoint_and_resume_finishes(tmp_path, 
     log = tmp_path / "first.log"
     proc = background(2, [*JOB, "--run-dir", str(tmp_path), "--name", "run"], "gloo", log,
                       env={**PLUGINS, "FAULTS_SLEEP_S": "0.05"})
-    wait_for(lambda: (tmp_path / "run" / "checkpoints" / "ckpt-000000010.pt").exists())
+    wait_for(lambda: (tmp_path / "run" / "checkpoints" / "ckpt-000000010.pt").exists(), 120, "checkpoint 10")
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the foreground job
     proc.wait(timeout=60)
     out = log.read_text()

@@ -8,12 +8,12 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import ROOT
+from waiting import wait_for
 
 from hvdtrain.launcher.shell_stop import running
 
@@ -54,12 +54,13 @@ def test_loader_workers_end_with_a_sigkilled_training_process(tmp_path: Path, st
         assert line.strip(), proc.stderr.read()[-3000:] if proc.poll() is not None else "no worker pids in 120 s"
         workers = [psutil.Process(int(pid)) for pid in line.split()]
         assert len(workers) == 2 and all(worker.is_running() for worker in workers)
-        wait_until(lambda: len(list(tmp_path.glob("init-*"))) == 2, 60)   # worker 1 may start after batch 0
+        # worker 1 may start after batch 0
+        wait_for(lambda: len(list(tmp_path.glob("init-*"))) == 2, 60, "both loader workers' init files")
         assert sorted(p.name for p in tmp_path.glob("init-*")) == ["init-0", "init-1"]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        wait_until(lambda: not any(running(worker) for worker in workers), 20)
-        assert not any(running(worker) for worker in workers), f"{start_method}: loader workers outlived the trainer"
+        wait_for(lambda: not any(running(worker) for worker in workers), 20,
+                 f"the loader workers to end with the SIGKILLed trainer ({start_method})")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -67,9 +68,3 @@ def test_loader_workers_end_with_a_sigkilled_training_process(tmp_path: Path, st
         for worker in workers:   # only this test's own workers, by pid and start time
             if running(worker):
                 worker.kill()
-
-
-def wait_until(condition, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.1)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from waiting import wait_for
 
 from hvdtrain.distributed import control_wire, horovod_runner
 from hvdtrain.distributed.control_wire import FROM_DRIVER, MAX_DATAGRAM, TO_DRIVER
@@ -36,13 +37,6 @@ class Job:
     def beat(self, host: str, body: str = BEAT, key: str | None = None, pid: int = 4242) -> None:
         sender = control_wire.Sender((key or self.key).encode(), TO_DRIVER, worker_id(host, 0, pid))
         self.sock.sendto(sender.seal(body), ("127.0.0.1", self.watch.sock.getsockname()[1]))
-
-
-def wait_for(condition, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -89,16 +83,16 @@ def test_a_silent_worker_is_dropped_its_host_blacklisted_and_the_world_reformed_
         job.beat("hostB")
         time.sleep(SILENCE_S / 2)
         assert job.driver.has_rank_assignment("hostB", 0) and not job.watch.lines   # not silent long enough yet
-        wait_for(lambda: job.watch.lines, what="the drop of hostB")
+        wait_for(lambda: job.watch.lines, 20, what="the drop of hostB")
         # Horovod's registry waits for the survivors to report for the next rendezvous, as a real one's would.
         job.driver.record_ready("hostA", 0)
-        wait_for(lambda: not job.driver.has_rank_assignment("hostB", 0), what="the world without hostB")
+        wait_for(lambda: not job.driver.has_rank_assignment("hostB", 0), 20, what="the world without hostB")
     finally:
         stop.set()
         survivor.join()
     assert job.driver.has_rank_assignment("hostA", 0) and job.driver.world_size() == 1
     assert not job.driver.finished()
-    wait_for(lambda: "hostB" in job.ended, what="Horovod to end hostB's worker")
+    wait_for(lambda: "hostB" in job.ended, 20, what="Horovod to end hostB's worker")
     assert job.ended == {"hostB": 1}
     slots, hosts = horovod_runner.DriverView(job.driver).available()
     assert (slots, hosts) == (1, ["hostA"])
@@ -113,7 +107,7 @@ def test_beats_under_another_key_do_not_keep_a_silent_worker(job):
     survivor = keep_beating(job, "hostA", stop)
     try:
         job.beat("hostB")   # heard once, with the job's key
-        wait_for(lambda: job.watch.lines, what="the drop of hostB despite the forged beats")
+        wait_for(lambda: job.watch.lines, 20, what="the drop of hostB despite the forged beats")
     finally:
         stop.set()
         forged.join()
@@ -124,7 +118,7 @@ def test_beats_under_another_key_do_not_keep_a_silent_worker(job):
 
 def test_a_dropped_worker_that_speaks_again_is_told_so_sealed_and_by_name(job):
     job.beat("hostB", pid=7)
-    wait_for(lambda: job.watch.lines, what="the drop of hostB")
+    wait_for(lambda: job.watch.lines, 20, what="the drop of hostB")
     job.driver.record_ready("hostA", 0)
     job.beat("hostB", pid=7)
     job.sock.settimeout(10)
