@@ -50,6 +50,8 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check hvdtrain tests examples benchmarks docker docs
 	$(BIN)/mypy
+	@# Every test module imports: a helper renamed in one test file fails here, not mid-suite.
+	@out=$$($(BIN)/python -m pytest --collect-only -q -p no:cacheprovider tests 2>&1) || { echo "$$out" | tail -60; exit 1; }
 
 doctor: setup
 	$(BIN)/hvdtrain doctor

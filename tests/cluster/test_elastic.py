@@ -185,15 +185,15 @@ def test_removing_a_host_and_adding_it_back_shrinks_and_regrows_without_losing_a
     removed_at = time.time()
     rewrite(hosts, "localhost:2\n")
     wait_for(lambda: not first.is_running() or first.status() == psutil.STATUS_ZOMBIE, 60,
-               "the removed host's worker to leave")
+             "the removed host's worker to leave")
     wait_for(lambda: time.time() > removed_at + 5 and len(pids_training_since(tmp_path, removed_at + 5)) == 2,
-               60, "two workers training on after the removal")
+             60, "two workers training on after the removal")
     shrunk = pids_training_since(tmp_path, removed_at + 5)
     assert f".{first.pid}" not in shrunk
     readded_at = time.time()
     rewrite(hosts, THREE_HOSTS)
     wait_for(lambda: len(pids_training_since(tmp_path, readded_at) - shrunk) == 1, 120,
-               "a new worker on the re-added host to train")
+             "a new worker on the re-added host to train")
     summary = finished(proc, tmp_path)
     # A threshold: membership changes at time-dependent steps, so no run is a reference; the coverage is exact.
     assert summary["workers"] == 3 and summary["val_acc"] >= 0.95, summary

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import psutil
 from conftest import BIN, ROOT, kill_tree
-from test_elastic import probe_lines, wait_until
+from test_elastic import probe_lines
+from waiting import wait_for
 
 from hvdtrain.output import claim
 
@@ -46,13 +47,13 @@ def test_rank_0_lost_the_survivor_takes_the_lock_over_and_a_concurrent_resume_is
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_until(lambda: len({line["pid"] for line in probe_lines(tmp_path)}) == 2, 240, "two workers training")
+        wait_for(lambda: len({line["pid"] for line in probe_lines(tmp_path)}) == 2, 240, "two workers training")
         first = lock_pid(run)
         assert first is not None and psutil.pid_exists(first), log.read_text()[-4000:]
         job = claim.job_of((run / claim.LOCK).read_text())
         assert job, (run / claim.LOCK).read_text()
         os.kill(first, signal.SIGKILL)   # the first rank 0: the kernel drops its lock
-        wait_until(lambda: lock_pid(run) not in (None, first), 120, "the survivor holding the lock")
+        wait_for(lambda: lock_pid(run) not in (None, first), 120, "the survivor holding the lock")
         survivor = lock_pid(run)
         assert claim.job_of((run / claim.LOCK).read_text()) == job
         assert f".{survivor}" in {line["pid"] for line in probe_lines(tmp_path)}   # a worker of this job

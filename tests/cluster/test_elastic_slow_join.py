@@ -10,7 +10,8 @@ import sys
 import time
 
 from conftest import BIN, ROOT, kill_tree
-from test_elastic import finished, pids_training_since, probe_lines, rewrite, wait_until
+from test_elastic import finished, pids_training_since, probe_lines, rewrite
+from waiting import wait_for
 
 GLOO_TIMEOUT_S = 10     # the old bound: the survivors' rendezvous gave up this long after the reset
 SLOW_LOAD_S = 12        # the joiner's data loading, longer than that
@@ -35,12 +36,12 @@ def test_a_worker_slower_to_load_than_the_rendezvous_timeout_joins_and_the_job_g
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        wait_until(lambda: len(pids_training_since(tmp_path, 0)) == 2, 120, "two workers training")
+        wait_for(lambda: len(pids_training_since(tmp_path, 0)) == 2, 120, "two workers training")
         first_two = pids_training_since(tmp_path, 0)
         joined_at = time.time()
         rewrite(hosts, "localhost:2\n127.0.0.1:1\n")
-        wait_until(lambda: len(pids_training_since(tmp_path, joined_at) - first_two) == 1 or proc.poll() is not None,
-                   SLOW_LOAD_S + 90, "the joining worker to train")
+        wait_for(lambda: len(pids_training_since(tmp_path, joined_at) - first_two) == 1 or proc.poll() is not None,
+                 SLOW_LOAD_S + 90, "the joining worker to train")
         (tmp_path / "hold").unlink()
         summary = finished(proc, tmp_path, timeout=120)
         loads = [json.loads(line) for line in (tmp_path / "loads.jsonl").read_text().splitlines()]

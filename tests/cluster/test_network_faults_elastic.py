@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from netns_cluster import running_cluster
-from test_elastic import effective_steps, epoch_coverage, probe_lines, wait_until
+from test_elastic import effective_steps, epoch_coverage, probe_lines
 from test_network_faults import Job, worker_pid
+from waiting import wait_for
 
 OUTAGE_S = 20
 GLOO_TIMEOUT_S = 10      # how long a survivor's collective waits for the lost host before it resets
@@ -70,8 +71,8 @@ def test_elastic_a_host_cut_off_or_frozen_for_20_s_is_dropped_then_readmitted_an
     job = elastic_job(cluster, tmp_path)
     frozen = None
     try:
-        wait_until(lambda: len(training_pids(probe_lines(tmp_path), 0)) == 3 and len(probe_lines(tmp_path)) > 3 * 8,
-                   240, "three workers training")
+        wait_for(lambda: len(training_pids(probe_lines(tmp_path), 0)) == 3 and len(probe_lines(tmp_path)) > 3 * 8,
+                 240, "three workers training")
         lost = f".{worker_pid(cluster, 'host3')}"   # as the probe names its log files
         cut, cut_wall = time.monotonic(), time.time()
         if fault == "partition":
@@ -79,7 +80,7 @@ def test_elastic_a_host_cut_off_or_frozen_for_20_s_is_dropped_then_readmitted_an
         else:   # a swap storm or a debugger: the worker stops, its host and links stay up
             frozen = int(lost[1:])
             os.kill(frozen, signal.SIGSTOP)
-        wait_until(lambda: time.monotonic() > cut + OUTAGE_S, OUTAGE_S + 5, "the outage")
+        wait_for(lambda: time.monotonic() > cut + OUTAGE_S, OUTAGE_S + 5, "the outage")
     finally:
         cluster.heal(host3)
         if frozen is not None:
@@ -89,8 +90,8 @@ def test_elastic_a_host_cut_off_or_frozen_for_20_s_is_dropped_then_readmitted_an
         # The job went on without host3's worker; once the host is back, Horovod starts a new one there.
         # A few steps of the re-formed world before the fast finish: a job that ends while a world is still
         # forming meets the end-of-job race described above FAULTS.
-        wait_until(lambda: sum(line["pid"] not in before for line in probe_lines(tmp_path)) >= 6, 240,
-                   "host3 re-admitted")
+        wait_for(lambda: sum(line["pid"] not in before for line in probe_lines(tmp_path)) >= 6, 240,
+                 "host3 re-admitted")
     finally:
         (tmp_path / "hold").unlink()
     code, ended = job.finish(300)

@@ -21,6 +21,7 @@ import pytest
 import ray  # noqa: F401 - a missing ray is a setup bug (EXTRAS in the Makefile), not a skip
 from conftest import ROOT, show
 from ray_support import RayCluster, fit_and_report
+from waiting import wait_for
 
 import hvdtrain
 import hvdtrain.ray
@@ -161,7 +162,7 @@ def test_a_worker_node_killed_mid_run_is_a_worker_error_naming_rank_and_node(clu
 
 def test_elastic_a_lost_node_is_dropped_and_a_joining_node_is_taken_in_with_no_sample_lost(cluster, tmp_path):
     """Two worker nodes, one killed mid-run, one added."""
-    from test_elastic import effective_steps, epoch_coverage, probe_lines, wait_until
+    from test_elastic import effective_steps, epoch_coverage, probe_lines
 
     (tmp_path / "hold").touch()
     config = hvdtrain.load_config(run_dir=str(tmp_path), name="elastic", threads=1, elastic=True, epochs=4,
@@ -181,22 +182,22 @@ def test_elastic_a_lost_node_is_dropped_and_a_joining_node_is_taken_in_with_no_s
     thread = threading.Thread(target=train, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: len({line["pid"] for line in probe_lines(tmp_path)}) == 2 or not thread.is_alive(), 240,
-                   "two workers training")
+        wait_for(lambda: len({line["pid"] for line in probe_lines(tmp_path)}) == 2 or not thread.is_alive(), 240,
+                 "two workers training")
         assert thread.is_alive(), outcome
         victim = [n for n in cluster.alive() if n != "head"][-1]
         killed = time.time()
         cluster.kill(victim)
         before = {line["pid"] for line in probe_lines(tmp_path) if line["t"] < killed}
-        wait_until(lambda: any(line["t"] > killed + 1 for line in probe_lines(tmp_path)), 120,
-                   "the survivor training on")
+        wait_for(lambda: any(line["t"] > killed + 1 for line in probe_lines(tmp_path)), 120,
+                 "the survivor training on")
         shrunk = min(line["t"] for line in probe_lines(tmp_path) if line["t"] > killed + 1)
         joined_at = time.time()
         cluster.add_worker()
         # A few steps of the re-formed world before the fast finish (a job ending while a world forms can
         # meet Horovod's end-of-job race: tests/cluster/test_network_faults_elastic.py, above FAULTS).
-        wait_until(lambda: sum(line["pid"] not in before for line in probe_lines(tmp_path)) >= 6, 180,
-                   "a worker on the new node")
+        wait_for(lambda: sum(line["pid"] not in before for line in probe_lines(tmp_path)) >= 6, 180,
+                 "a worker on the new node")
         grown = min(line["t"] for line in probe_lines(tmp_path) if line["pid"] not in before)
     finally:
         (tmp_path / "hold").unlink()

@@ -22,9 +22,9 @@ from test_elastic import (
     finished,
     pids_training_since,
     probe_lines,
-    wait_until,
     worker_on,
 )
+from waiting import wait_for
 
 KILL_EVERY_S = 20
 READMIT_WITHIN_S = 90  # the cooldown (15 s) plus a worker's start on a loaded machine, with room
@@ -60,7 +60,7 @@ def test_a_worker_killed_every_20_s_and_readmitted_loses_no_sample(tmp_path, ela
     hold.touch()
     proc, _ = elastic_job(["--blacklist-cooldown-range", "10", "15"], gloo_timeout=15, epochs=EPOCHS,
                           launcher=HVDTRAIN_LAUNCH)
-    wait_until(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")
+    wait_for(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")
     recoveries: list[float] = []
     readmissions: list[float] = []
     kills = 0

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, ROOT, show
-from test_fault_tolerance import assert_same_weights, final_weights, wait_for
+from test_fault_tolerance import assert_same_weights, final_weights
+from waiting import wait_for
 
 PLUGINS = f"{ROOT}:{ROOT / 'tests' / 'plugins'}"
 # 1,437 digits on 2 workers, 32 a worker: 23 steps an epoch, 46 in all.

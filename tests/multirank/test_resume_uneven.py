@@ -21,7 +21,8 @@ import signal
 import psutil
 import pytest
 from conftest import horovodrun, kill_tree, show
-from test_fault_tolerance import PLUGINS, assert_same_weights, final_weights, wait_for
+from test_fault_tolerance import PLUGINS, assert_same_weights, final_weights
+from waiting import wait_for
 
 DIGITS_1437 = ["--dataset", "digits", "--val-fraction", "0.2005"]
 SYNTHETIC_3277 = ["--dataset", "synthetic", "--synthetic-samples", "4096", "--synthetic-shape", "1,8,8"]
@@ -84,7 +85,7 @@ def stopped_after_step_10(tmp_path, background, case: str, sig: int):
     if sig == signal.SIGKILL:
         kill_tree(proc, signal.SIGKILL)     # every rank and the launcher at once, no cleanup
     else:
-        ranks = wait_for(lambda: len(workers(proc)) == np and workers(proc))
+        ranks = wait_for(lambda: len(workers(proc)) == np and workers(proc), 120, f"the {np} workers", every=0.02)
         for rank in ranks:
             rank.send_signal(sig)           # as a scheduler would; they agree on it at the next step
         hold.unlink()
