@@ -179,7 +179,9 @@ def pids_training_since(tmp_path: Path, since: float) -> set[str]:
 
 
 def test_removing_a_host_and_adding_it_back_shrinks_and_regrows_without_losing_a_sample(tmp_path, elastic_job):
-    proc, hosts = elastic_job()
+    # No worker is killed here, so nothing needs the fixture's 5 s Gloo timeout; with it, a re-added worker slower
+    # than 5 s to reach Gloo's store under load ended the survivors (http_store.cc "Wait timeout after 5 seconds").
+    proc, hosts = elastic_job(gloo_timeout=30)
     wait_for(lambda: len(probe_lines(tmp_path)) > 3 * 45, 180, "the second epoch")
     first = worker_on(proc, "127.0.0.1")
     removed_at = time.time()
