@@ -1,5 +1,5 @@
 """A partition or a frozen worker under elastic training (issue 29): one of three real hosts cut off (or its
-worker stopped with SIGSTOP) for 20 s, then healed.
+worker stopped with SIGSTOP) for at least 20 s and until the other two train on without it, then healed.
 
 The survivors must shrink to two and train on, the healed host must be re-admitted, every epoch's samples
 must be trained exactly once counting from the last commit, and all ranks must end with equal weights.
@@ -64,7 +64,7 @@ FAULTS = ["partition", "freeze"]
 # The same watch drops a silent worker either way: the partition in the default run, the freeze in the long tier.
 @pytest.mark.parametrize("fault", [fault if fault == "partition" else pytest.param(fault, marks=pytest.mark.long)
                                    for fault in FAULTS])
-def test_elastic_a_host_cut_off_or_frozen_for_20_s_is_dropped_then_readmitted_and_no_sample_is_lost(
+def test_elastic_a_host_cut_off_or_frozen_is_dropped_the_others_train_on_then_it_is_readmitted_no_sample_lost(
         cluster, tmp_path, fault):
     host3 = cluster.workers[2]
     (tmp_path / "hold").touch()
@@ -80,12 +80,18 @@ def test_elastic_a_host_cut_off_or_frozen_for_20_s_is_dropped_then_readmitted_an
         else:   # a swap storm or a debugger: the worker stops, its host and links stay up
             frozen = int(lost[1:])
             os.kill(frozen, signal.SIGSTOP)
-        wait_for(lambda: time.monotonic() > cut + OUTAGE_S, OUTAGE_S + 5, "the outage")
+        before = training_pids(probe_lines(tmp_path), 0, cut_wall)
+        # The outage lasts until the survivors train without host3, so "they went on alone, before it was
+        # back" is seen whatever the load: on a quiet machine that is ~12 s after the cut, in a loaded CI run
+        # it was once 37 s, past a fixed 20 s outage (the host was healed first, so the test could not tell).
+        wait_for(lambda: time.monotonic() > cut + OUTAGE_S and len(training_pids(
+                     probe_lines(tmp_path), cut_wall + GLOO_TIMEOUT_S) & (before - {lost})) == 2,
+                 240, "the two survivors training while host3 is out")
     finally:
+        healed_wall = time.time()
         cluster.heal(host3)
         if frozen is not None:
             os.kill(frozen, signal.SIGCONT)
-    before = training_pids(probe_lines(tmp_path), 0, cut_wall)
     try:
         # The job went on without host3's worker; once the host is back, Horovod starts a new one there.
         # A few steps of the re-formed world before the fast finish: a job that ends while a world is still
@@ -100,14 +106,15 @@ def test_elastic_a_host_cut_off_or_frozen_for_20_s_is_dropped_then_readmitted_an
     # The survivors; a frozen worker logs the step it was stopped in once it runs again, then leaves.
     shrunk = training_pids(lines, cut_wall + GLOO_TIMEOUT_S, readmitted_wall) - {lost}
     back = min(line["t"] for line in lines if line["t"] > cut_wall + GLOO_TIMEOUT_S and line["pid"] in shrunk)
-    print(f"\nelastic, host3 {fault} for {OUTAGE_S} s (--gloo-timeout-seconds {GLOO_TIMEOUT_S}, --peer-timeout-s "
-          f"{PEER_TIMEOUT_S}): two workers training {back - cut_wall:.1f} s after the fault, a new one on host3 "
-          f"{readmitted_wall - cut_wall:.1f} s after it; the job ended {ended - cut:.1f} s after it, exit {code}")
+    print(f"\nelastic, host3 {fault} for {healed_wall - cut_wall:.1f} s (--gloo-timeout-seconds {GLOO_TIMEOUT_S}, "
+          f"--peer-timeout-s {PEER_TIMEOUT_S}): two workers training {back - cut_wall:.1f} s after the fault, "
+          f"a new one on host3 {readmitted_wall - cut_wall:.1f} s after it; the job ended {ended - cut:.1f} s after "
+          f"it, exit {code}")
     for line in (line for _, line in job.lines if "is not counted as a failure" in line):
         print(f"the end-of-job race met (and absorbed): {line}")
     assert code == 0, job.text()[-6000:]
     assert shrunk == before - {lost} and len(shrunk) == 2, (shrunk, before, lost)  # the survivors went on alone,
-    assert back - cut_wall < OUTAGE_S, job.text()[-6000:]                           # before host3 was back
+    assert back < healed_wall, job.text()[-6000:]                                    # before host3 was back
     dropped = [line for _, line in job.lines if "has not been heard from" in line]
     assert len(dropped) == 1 and "host host3" in dropped[0], dropped
     summary = json.loads((job.run / "summary.json").read_text())
