@@ -61,9 +61,12 @@ def net_variants(np: int, backends: list[str], smoke: bool) -> list[dict[str, An
 
 def env_variant(text: str, backend: str) -> dict[str, Any]:
     """--variant NAME:KEY=VALUE,...: hvdtrain on `backend` with that environment (an A/B of one setting);
-    the key ARGS gives hvdtrain's command-line options instead, e.g. "b10:ARGS=--bucket-mb 10"."""
+    the key ARGS gives hvdtrain's command-line options instead, e.g. "b10:ARGS=--bucket-mb 10".
+    NAME@ddp:... is DDP with that environment instead, e.g. "ddp1@ddp:BENCH_GLOO_THREADS=1"."""
     name, _, assignments = text.partition(":")
     env = dict(kv.split("=", 1) for kv in assignments.split(",") if kv)
+    if name.endswith("@ddp"):
+        return {"name": name[:-len("@ddp")], "variant": "ddp", "launcher": "torchrun", "env": env}
     spec = {"name": name, "variant": "hvdtrain", "launcher": "horovodrun", "backend": backend}
     if "ARGS" in env:
         spec["hvdtrain_args"] = env.pop("ARGS")

@@ -52,6 +52,26 @@ def pick(device: str, rank: int) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def gloo_threads(threads: int) -> None:
+    """DDP's Gloo group with `threads` worker threads instead of torch's 2 (an A/B knob: Horovod sends its
+    buckets one at a time on one thread). init_process_group takes no Gloo options, so the group's class is
+    swapped for a subclass that passes them; its device follows GLOO_SOCKET_IFNAME as torch's does."""
+    import torch.distributed.distributed_c10d as c10d
+
+    gloo = c10d.ProcessGroupGloo
+
+    class GlooWithThreads(gloo):  # type: ignore[misc,valid-type]
+        def __init__(self, store, rank, size, timeout):  # type: ignore[no-untyped-def]
+            options = gloo._Options()
+            options._timeout, options._threads = timeout, threads
+            interface = os.environ.get("GLOO_SOCKET_IFNAME")
+            options._devices = [gloo.create_device(interface=interface) if interface
+                                else gloo.create_default_device()]
+            super().__init__(store, rank, size, options)
+
+    c10d.ProcessGroupGloo = GlooWithThreads  # type: ignore[misc]
+
+
 def run_steps(args: argparse.Namespace) -> dict[str, Any]:
     total = args.warmup + args.steps + 1
     rank, size = 0, 1
@@ -72,6 +92,8 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
     elif args.variant == "ddp":
         import torch.distributed as tdist
 
+        if os.environ.get("BENCH_GLOO_THREADS"):
+            gloo_threads(int(os.environ["BENCH_GLOO_THREADS"]))
         tdist.init_process_group("nccl" if args.device == "cuda" else "gloo")
         rank, size = tdist.get_rank(), tdist.get_world_size()
     ledger.mark("comm-init")  # Horovod's background thread, or DDP's gloo threads

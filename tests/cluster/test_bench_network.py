@@ -49,6 +49,9 @@ def test_an_env_variant_is_hvdtrain_with_its_own_environment_or_options():
         "name": "b10", "variant": "hvdtrain", "launcher": "horovodrun", "backend": "mpi",
         "hvdtrain_args": "--bucket-mb 10", "env": {}}
     assert env_variant("now:", "gloo")["env"] == {}
+    # NAME@ddp: DDP with that environment (BENCH_GLOO_THREADS=1: one Gloo thread, as Horovod sends)
+    assert env_variant("ddp1@ddp:BENCH_GLOO_THREADS=1", "gloo") == {
+        "name": "ddp1", "variant": "ddp", "launcher": "torchrun", "env": {"BENCH_GLOO_THREADS": "1"}}
 
 
 def test_network_smoke_run_counts_the_bytes_each_host_sent(tmp_path):

@@ -139,6 +139,16 @@ def test_smoke_run_end_to_end(tmp_path):
     assert "ratios" in proc.stdout
 
 
+def test_ddp_gloo_threads_knob_sets_the_groups_thread_count():
+    probe = ("import torch, torch.distributed as d\nfrom benchmarks.worker import gloo_threads\n"
+             "gloo_threads(1)\nd.init_process_group('gloo', store=d.HashStore(), rank=0, world_size=1)\n"
+             "t = torch.ones(2)\nd.all_reduce(t)\n"
+             "print(d.group.WORLD._get_backend(torch.device('cpu')).options._threads, t.tolist())")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, show(proc)
+    assert proc.stdout.split() == ["1", "[1.0,", "1.0]"]   # torch's default is 2
+
+
 def test_ab_settings_parse_and_refuse_bad_ones():
     from benchmarks.ab import parse_setting
 
