@@ -197,9 +197,9 @@ def test_every_sampler_and_pruner_opens_asks_and_judges(tmp_path, sampler, prune
         open_study(TuneSettings(trials=2, dir=str(tmp_path), sampler=sampler, pruner=pruner))
 
 
-def test_job_mode_under_a_launcher_is_refused_before_anything_is_written(tmp_path):
+def test_job_mode_under_a_launcher_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     (tmp_path / "space.yaml").write_text("lr: {type: float, low: 0.01, high: 0.3}\n")
-    os.environ["HOROVOD_RANK"] = "0"     # as horovodrun sets it on every worker (restored by conftest)
+    monkeypatch.setenv("HOROVOD_RANK", "0")     # as horovodrun sets it on every worker
     proc = tune_cli("--space", "space.yaml", "--trials", "2", "--dir", "study", cwd=tmp_path)
     assert proc.returncode == 2 and "add --mode inprocess" in proc.stderr, proc.stderr
     assert not (tmp_path / "study").exists()
