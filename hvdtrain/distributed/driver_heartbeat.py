@@ -14,6 +14,10 @@ reaches the worker in the 0600 secrets file or the pickled job, never on a comma
 worker does not beat. The socket is connect()ed to the driver, so the kernel delivers only the driver's
 datagrams, and only an authenticated answer naming this very worker (host, slot, pid) ends it. A beat says
 who beats, nothing else: how long a silence the driver tolerates is the driver's setting, not the packet's.
+
+The same channel carries the driver's "save" as it ends a job below --min-np: a worker waiting for the world
+to re-form saves the last commit (train/elastic.py) and answers "saved", so the driver stops the job only after
+it, however late the worker noticed the loss (a timer of the worker's own could lose that race).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from hvdtrain.distributed import control_wire
@@ -33,7 +37,7 @@ WATCH_ENV = "HVDTRAIN_WORKER_WATCH"   # the PORT of the driver's watch, set by h
 # The driver's address as its workers reach it: Horovod's elastic driver gives them its rendezvous server's.
 DRIVER_ADDRESS_ENV = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 DRIVER_SENDER = "driver"
-BEAT, BYE, DROPPED = "beat", "bye", "dropped"
+BEAT, BYE, DROPPED, SAVE, SAVED = "beat", "bye", "dropped", "save", "saved"
 DROPPED_EXIT = 1
 
 
@@ -50,6 +54,11 @@ def worker_id(host: str, slot: int, pid: int) -> str:
 def dropped_notice(worker: str) -> str:
     """The driver's answer to a dropped worker: it names the worker, so it cannot be replayed to another."""
     return f"{DROPPED} {worker}"
+
+
+def save_request(worker: str) -> str:
+    """The driver's request to save the last commit: it names the worker, as the dropped notice does."""
+    return f"{SAVE} {worker}"
 
 
 def parse_worker_id(sender: str) -> tuple[str, int, int] | None:
@@ -71,8 +80,12 @@ def driver_watch(env: Mapping[str, str]) -> tuple[str, int] | None:
 
 
 class Heartbeat:
-    def __init__(self, target: tuple[str, int], key: bytes, host: str, slot: int, timeout_s: float) -> None:
+    def __init__(self, target: tuple[str, int], key: bytes, host: str, slot: int, timeout_s: float,
+                 on_save: Callable[[], bool] | None = None) -> None:
         self.target, self.host, self.slot, self.timeout_s = target, host, slot, timeout_s
+        # Saves the last commit if this worker waits for the world; False: not now (the driver asks again).
+        self.on_save = on_save
+        self.saving = threading.Lock()
         self.id = worker_id(host, slot, os.getpid())
         self.sender = control_wire.Sender(key, TO_DRIVER, self.id)
         self.inbox = control_wire.Inbox(key, FROM_DRIVER, {DRIVER_SENDER}, "driver heartbeat socket")
@@ -104,8 +117,20 @@ class Heartbeat:
                 if not self.connected:
                     time.sleep(max(next_beat - time.monotonic(), 0))
                 continue
-            if answer is not None and answer.body == dropped_notice(self.id) and not self.done.is_set():
+            if answer is None or self.done.is_set():
+                continue
+            if answer.body == dropped_notice(self.id):
                 self._dropped()
+            elif answer.body == save_request(self.id) and self.on_save and self.saving.acquire(blocking=False):
+                # Beside the beats: a save takes a while, and a silent worker would be dropped meanwhile.
+                threading.Thread(target=self._save, name="hvdtrain-save-on-request", daemon=True).start()
+
+    def _save(self) -> None:
+        try:
+            if self.on_save is not None and self.on_save():
+                self._send(SAVED)
+        finally:
+            self.saving.release()
 
     def _dropped(self) -> None:
         print(f"hvdtrain: note: the elastic job dropped this worker (host {self.host}, slot {self.slot}) "
@@ -122,9 +147,11 @@ class Heartbeat:
 
 
 @contextmanager
-def beating(timeout_s: float, env: Mapping[str, str] | None = None) -> Iterator[Heartbeat | None]:
+def beating(timeout_s: float, env: Mapping[str, str] | None = None,
+            on_save: Callable[[], bool] | None = None) -> Iterator[Heartbeat | None]:
     """Beat while inside, under an elastic job of `hvdtrain launch` with the job's key (else nothing); say bye on
-    the way out. `timeout_s` (the worker's --peer-timeout-s) only switches beating on: 0 is off."""
+    the way out. `timeout_s` (the worker's --peer-timeout-s) only switches beating on: 0 is off. `on_save`
+    answers the driver's save request (see the module's docstring)."""
     env = os.environ if env is None else env
     watch = driver_watch(env)
     slot = process.elastic_slot(env)
@@ -138,7 +165,7 @@ def beating(timeout_s: float, env: Mapping[str, str] | None = None) -> Iterator[
               file=sys.stderr, flush=True)
         yield None
         return
-    beat = Heartbeat(watch, key, slot[0], slot[1], timeout_s)
+    beat = Heartbeat(watch, key, slot[0], slot[1], timeout_s, on_save)
     beat.thread.start()
     try:
         yield beat

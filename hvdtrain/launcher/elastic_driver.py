@@ -8,8 +8,9 @@ from the discovery output leave every worker blocked in its re-rendezvous with n
 and waits HOROVOD_ELASTIC_TIMEOUT (600 s) for slots while the survivors block. A thread here watches the
 driver: below --min-np for --start-timeout seconds (the time a replacement host gets to start), it
 prints one line naming the hosts that left, stops the driver (which terminates the workers) and exits 1.
-Workers see the same bound (WAIT_ENV): the old rank 0 saves the last commit while waiting (train/elastic.py);
-with enough slots (a joining host still loading its data) they wait on, as the world can still form.
+Workers see the same bound (WAIT_ENV): a survivor saves the last commit while waiting (train/elastic.py), and
+before the stop this driver asks them for it and waits for their answers (ASK_SAVE_S at most); with enough
+slots (a joining host still loading its data) they wait on, as the world can still form.
 A worker that stays up but goes silent (frozen, or its host cut off the network) exits nothing Horovod can
 see: the workers' heartbeats (launcher/worker_watch.py) drop it after the --peer-timeout-s of the workers'
 command (read here, from this driver's own arguments; never from a packet). The heartbeats are sealed with the
@@ -42,6 +43,9 @@ WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
 WATCHED_ENV = "HVDTRAIN_ELASTIC_WATCHED"
 POLL_S = 1.0
 GRACE_S = 45.0   # after giving up: Horovod terminates its workers (SIGTERM, SIGKILL 5 s later) well within this
+# Giving up, how long the survivors get to save the last commit: one still in a collective that has yet to fail
+# (--gloo-timeout-seconds) does it only once it waits for the world; the job's epoch checkpoints remain either way.
+ASK_SAVE_S = 20.0
 
 
 class BelowMinNpWatch(threading.Thread):
@@ -50,9 +54,9 @@ class BelowMinNpWatch(threading.Thread):
     Reads the driver through the adapter (distributed/horovod_runner.DriverView).
     """
 
-    def __init__(self, driver: horovod_runner.DriverView, wait_s: float) -> None:
+    def __init__(self, driver: horovod_runner.DriverView, wait_s: float, workers: WorkerWatch | None = None) -> None:
         super().__init__(name="hvdtrain-below-min-np", daemon=True)
-        self.driver, self.wait_s = driver, wait_s
+        self.driver, self.wait_s, self.workers = driver, wait_s, workers
         self.gave_up: str | None = None
 
     def run(self) -> None:
@@ -70,6 +74,11 @@ class BelowMinNpWatch(threading.Thread):
             time.sleep(POLL_S)
 
     def _give_up(self, lost: list[str]) -> None:
+        unsaved = self.workers.ask_to_save(ASK_SAVE_S) if self.workers is not None else []   # before the stop
+        if unsaved:
+            print(f"hvdtrain: note: no last commit from {', '.join(unsaved)} within {ASK_SAVE_S:g} s (still in a "
+                  "collective that has yet to time out); the run's other checkpoints stand", file=sys.stderr,
+                  flush=True)
         left, _ = self.driver.available()
         self.gave_up = (f"hvdtrain: error: fewer than --min-np {self.driver.min_np()} slots for "
                         f"{self.wait_s:g} s: lost host(s) {', '.join(lost) or '(none named)'}; {left} slot(s) "
@@ -166,7 +175,7 @@ def main(argv: list[str]) -> int:
     def watch(driver: Any) -> None:
         view = horovod_runner.DriverView(driver)
         view.wrap_worker_exit(lambda handle: EndInSuccess(view, handle))
-        watches.append(BelowMinNpWatch(view, wait_s))
+        watches.append(BelowMinNpWatch(view, wait_s, workers))
         watches[-1].start()
         if workers is not None:
             workers.watch(view)

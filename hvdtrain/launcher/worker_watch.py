@@ -25,13 +25,16 @@ from typing import Any
 import psutil
 
 from hvdtrain.distributed import control_wire, horovod_runner
-from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV, FROM_DRIVER, MAX_DATAGRAM, TO_DRIVER
+from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV, FROM_DRIVER, HEARTBEAT_S, MAX_DATAGRAM, TO_DRIVER
 from hvdtrain.distributed.driver_heartbeat import (
     BYE,
     DRIVER_SENDER,
+    SAVED,
     WATCH_ENV,
     dropped_notice,
     parse_worker_id,
+    save_request,
+    worker_id,
 )
 
 POLL_S = 1.0
@@ -41,6 +44,7 @@ POLL_S = 1.0
 class Heard:
     at: float
     pid: int
+    address: Any = None   # where its beats came from: where a save request goes
 
 
 def interface_address(nics: set[str] | list[str] | None) -> str:
@@ -73,6 +77,7 @@ class WorkerWatch(threading.Thread):
         self.driver: Any = None
         self.heard: dict[tuple[str, int], Heard] = {}
         self.dropped: set[tuple[str, int, int]] = set()   # (host, slot, pid)
+        self.saved: set[tuple[str, int, int]] = set()     # answered a save request
         self.lines: list[str] = []
 
     def env(self) -> dict[str, str]:
@@ -120,7 +125,30 @@ class WorkerWatch(threading.Thread):
         elif beat.body == BYE:
             self.heard.pop(key, None)
         else:
-            self.heard[key] = Heard(time.monotonic(), pid)
+            self.heard[key] = Heard(time.monotonic(), pid, sender)
+            if beat.body == SAVED:
+                self.saved.add(worker)
+
+    def ask_to_save(self, wait_s: float) -> list[str]:
+        """Before the job ends below --min-np: every worker beating now is asked, once a second, to save the last
+        commit (one waiting for the world does, then answers) until all have answered or `wait_s` has passed.
+        Returns those that did not answer (still in a collective that has yet to fail, or gone)."""
+        deadline, asked = time.monotonic() + wait_s, float("-inf")
+        while True:
+            now = time.monotonic()
+            pending = {key: heard for key, heard in list(self.heard.items())
+                       if (*key, heard.pid) not in self.saved and now - heard.at < 3 * HEARTBEAT_S}
+            if not pending or now >= deadline:
+                return [f"{host}[{slot}]" for host, slot in pending]
+            if now - asked >= POLL_S:   # again each second, until it answers
+                asked = now
+                for (host, slot), heard in pending.items():
+                    try:
+                        self.sock.sendto(self.answer.seal(save_request(worker_id(host, slot, heard.pid))),
+                                         heard.address)
+                    except (OSError, TypeError, ValueError):   # TypeError: no address
+                        pass
+            time.sleep(0.05)
 
     def judge(self, now: float) -> None:
         if self.timeout_s <= 0:

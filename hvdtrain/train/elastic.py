@@ -32,8 +32,10 @@ from hvdtrain.train.stateful import TrainingState
 # driver ends the job then (launcher/elastic_driver.py), so workers wait as long as the world can form.
 WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
 DEFAULT_WAIT_S = 120.0
-# A normal recovery re-forms the world in seconds; still waiting after this, the old rank 0 saves the last commit.
+# A normal recovery re-forms the world in seconds; still waiting after this, a survivor saves the last commit
+# (at most half the wait bound; SAVE_AFTER_ENV sets it outright). `hvdtrain launch` also asks for it as it gives up.
 SAVE_AFTER_S = 10.0
+SAVE_AFTER_ENV = "HVDTRAIN_ELASTIC_SAVE_AFTER_S"
 # Set by `hvdtrain launch`'s driver, which watches the slots.
 WATCHED_ENV = "HVDTRAIN_ELASTIC_WATCHED"
 # Under plain horovodrun (no WATCHED_ENV) nothing watches the slots, so each worker gives up on its own
@@ -160,8 +162,8 @@ class ElasticRun:
 
     def watching(self) -> AbstractContextManager[Any]:
         """Horovod: each worker beats to `hvdtrain launch`'s driver, which drops a silent one and goes on
-        (launcher/worker_watch.py)."""
-        return driver_heartbeat.beating(self.settings.peer_timeout_s)
+        (launcher/worker_watch.py); ending a job below --min-np, the driver first asks for the last commit."""
+        return driver_heartbeat.beating(self.settings.peer_timeout_s, on_save=self._save_on_request)
 
     def commit(self, p: Progress, *, step: bool = False) -> None:
         """Save the state at every epoch's end and every --commit-steps steps (`step`: called after a step);
@@ -221,7 +223,8 @@ class ElasticRun:
     def _waiting_for_world(self) -> Iterator[None]:
         """Around Horovod's re-forming of the world: below --min-np it may never end (horovod#3494)."""
         wait_s = float(os.environ.get(WAIT_ENV) or DEFAULT_WAIT_S)
-        timers = [threading.Timer(min(SAVE_AFTER_S, wait_s / 2), self._save_last_commit)]
+        save_after = float(os.environ.get(SAVE_AFTER_ENV) or min(SAVE_AFTER_S, wait_s / 2))
+        timers = [threading.Timer(save_after, self._save_last_commit, args=(save_after,))]
         if not os.environ.get(WATCHED_ENV):   # else the driver ends the job if the world cannot form, and only then
             timers.append(threading.Timer(wait_s + GIVE_UP_EXTRA_S, self._give_up, args=(wait_s + GIVE_UP_EXTRA_S,)))
         self._resetting = True
@@ -239,12 +242,21 @@ class ElasticRun:
                 self._claim.unlink(missing_ok=True)
                 self._claim = None
 
-    def _save_last_commit(self) -> None:
+    def _save_last_commit(self, waited_s: float) -> None:
+        self._save_if_waiting(f"the workers have not re-formed after {waited_s:g} s; in case they never do")
+
+    def _save_on_request(self) -> bool:
+        """The driver is ending the job below --min-np. True once this rank has seen to the last commit; False
+        while it is not waiting for the world (still in a collective that has yet to fail): asked again."""
+        return self._save_if_waiting("the job stops below --min-np")
+
+    def _save_if_waiting(self, why: str) -> bool:
         with self._reset_lock:
             if self._resetting:
-                self._save_while_waiting()
+                self._save_while_waiting(why)
+            return self._resetting
 
-    def _save_while_waiting(self) -> None:
+    def _save_while_waiting(self, why: str) -> None:
         """While no collective can run: one survivor, whichever claims it first, writes the last commit.
 
         Every survivor holds the same committed model, optimizer and progress (rank 0 may be the one lost);
@@ -269,8 +281,7 @@ class ElasticRun:
         if path is None:   # rank 0's, from all workers, is there or on its way: it holds more than ours
             console.error(f"note: rank {self.rank} left the last commit (step {p.step}) to rank 0's checkpoint")
             return
-        console.error(f"note: the workers have not re-formed after {SAVE_AFTER_S:g} s; in case they never do, "
-                      f"rank {self.rank} saved the last commit (step {p.step}) to {path}")
+        console.error(f"note: {why}: rank {self.rank} saved the last commit (step {p.step}) to {path}")
 
     def _give_up(self, waited_s: float) -> None:
         with self._reset_lock:

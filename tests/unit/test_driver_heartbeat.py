@@ -15,6 +15,8 @@ import sys
 import time
 from types import SimpleNamespace
 
+from waiting import wait_for
+
 import hvdtrain.distributed.control_wire as wire
 import hvdtrain.distributed.driver_heartbeat as driver_heartbeat
 from hvdtrain.environment import process
@@ -157,3 +159,56 @@ def test_the_port_travels_in_the_environment_and_the_key_only_as_a_secret():
     finally:
         made.sock.close()
     assert elastic_driver.worker_watch(args, {}) is None
+
+
+class RunningDriver(FakeDriver):
+    """FakeDriver for a watch whose thread runs: it runs until the test says the job is finished."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = False
+
+    def finished(self) -> bool:
+        return self.done
+
+
+def test_ending_below_min_np_the_driver_waits_for_each_beating_workers_last_commit():
+    """The driver's save request over the sealed channel: a worker waiting for the world saves once and answers;
+    one not waiting yet (still in a collective) is asked again each second, and the driver waits no longer than
+    its bound for it. Requests naming another worker, or not sealed by the driver, save nothing."""
+    watch, driver = WorkerWatch(KEY, 45, "127.0.0.1"), RunningDriver()
+    watch.watch(driver)
+    calls: list[str] = []
+    waiting = [False]
+
+    def save() -> bool:
+        calls.append("save")
+        return waiting[0]
+
+    env = elastic_env(watch.sock.getsockname()[1])
+    try:
+        with driver_heartbeat.beating(45, env, on_save=save) as beat:
+            wait_for(lambda: ("node2", 1) in watch.heard, 10, "the worker's first beat")
+            me = beat.id
+            stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            where = watch.heard[("node2", 1)].address
+            for data in (wire.Sender(KEY.encode(), wire.FROM_DRIVER, "driver").seal(
+                             driver_heartbeat.save_request("node9/0/1")),
+                         wire.seal(b"wrong", wire.FROM_DRIVER, "driver", 2 ** 62, driver_heartbeat.save_request(me))):
+                watch.sock.sendto(data, where)
+            stranger.sendto(wire.Sender(KEY.encode(), wire.FROM_DRIVER, "driver").seal(
+                driver_heartbeat.save_request(me)), where)   # sealed, but not from the driver's address:port
+            stranger.close()
+            time.sleep(1.5)
+            assert calls == []
+            started = time.monotonic()
+            assert watch.ask_to_save(2.5) == ["node2[1]"]     # not waiting for the world: no answer
+            assert time.monotonic() - started >= 2.5 and len(calls) >= 2
+            waiting[0] = True
+            assert watch.ask_to_save(10) == []                # waiting: it saves and answers
+            asked = len(calls)
+            assert watch.ask_to_save(10) == [] and len(calls) == asked   # answered once: not asked again
+    finally:
+        driver.done = True
+        watch.join(timeout=5)
+    assert not watch.is_alive()

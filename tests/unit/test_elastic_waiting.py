@@ -56,7 +56,7 @@ def survivor(tmp_path: Path, step: int = 10) -> tuple[ElasticRun, FakeLoop]:
 def test_the_last_commit_save_never_replaces_an_all_worker_checkpoint(tmp_path):
     run, loop = survivor(tmp_path)
     loop.save(loop.state(run.state.progress, True), 10, [{}] * 4)        # rank 0's, from all 4 workers
-    run._save_while_waiting()
+    run._save_while_waiting("why")
     saved = torch.load(tmp_path / "checkpoints" / "ckpt-000000010.pt", weights_only=True)
     assert saved["workers"] == 4
 
@@ -68,14 +68,14 @@ def test_the_last_commit_save_leaves_rank_0s_write_in_progress_alone(tmp_path):
     folder.mkdir()
     writing = folder / ".ckpt-000000010.pt.tmp"
     writing.write_bytes(b"rank 0 is writing this")
-    run._save_while_waiting()
+    run._save_while_waiting("why")
     assert writing.read_bytes() == b"rank 0 is writing this"
     assert not (folder / "ckpt-000000010.pt").exists()   # rank 0's rename will put the all-worker one there
 
 
 def test_the_last_commit_is_saved_when_no_checkpoint_holds_it(tmp_path, capsys):
     run, loop = survivor(tmp_path)
-    run._save_while_waiting()
+    run._save_while_waiting("why")
     saved = torch.load(tmp_path / "checkpoints" / "ckpt-000000010.pt", weights_only=True)
     assert saved["workers"] == 1 and "saved the last commit (step 10)" in capsys.readouterr().err
     assert saved["progress"]["position"] == 40 and not loop.own_loader   # the committed progress, no loader RNG
@@ -90,7 +90,7 @@ def test_workers_give_up_on_their_own_only_when_no_driver_watches_the_slots(monk
 
     class Timer:
         def __init__(self, interval: float, function: Any, args: tuple[Any, ...] = ()) -> None:
-            self.function = function
+            self.function, self.interval = function, interval
             timers.append(self)
 
         def start(self) -> None:
@@ -109,7 +109,25 @@ def test_workers_give_up_on_their_own_only_when_no_driver_watches_the_slots(monk
     with run._waiting_for_world():
         pass
     assert any(t.function == run._give_up for t in timers) == gives_up
-    assert any(t.function == run._save_last_commit for t in timers)
+    assert [t.interval for t in timers if t.function == run._save_last_commit] == [10]   # min(10 s, 30 s / 2)
+    monkeypatch.setenv(elastic.SAVE_AFTER_ENV, "600")   # set outright: the driver's request does it first
+    with run._waiting_for_world():
+        pass
+    assert [t.interval for t in timers if t.function == run._save_last_commit] == [10, 600]
+
+
+def test_asked_by_the_driver_a_survivor_saves_once_it_waits_for_the_world_and_only_once(tmp_path, capsys):
+    """`hvdtrain launch`'s driver, ending the job below --min-np, asks each worker until it answers True."""
+    run, _ = survivor(tmp_path)
+    assert run._save_on_request() is False        # still in a collective: the weights are not the commit's
+    assert not (tmp_path / "checkpoints").exists()
+    with run._waiting_for_world():
+        assert run._save_on_request() is True
+        assert "the job stops below --min-np: rank 0 saved the last commit (step 10)" in capsys.readouterr().err
+        assert run._save_on_request() is True     # asked again (its answer lost): no second file, no second line
+        assert capsys.readouterr().err == ""
+    assert [f.name for f in (tmp_path / "checkpoints").iterdir() if not f.name.startswith(".")] == [
+        "ckpt-000000010.pt"]
 
 
 def test_a_worker_lost_mid_epoch_is_reported_with_the_metric_sums_it_took(monkeypatch, tmp_path, capsys):
