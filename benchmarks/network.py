@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import netreport
+from benchmarks.ab import launch_spec
 from benchmarks.harness import BIN, ROOT, git_head, once_more, run_job
 from tests.netns_cluster import IFACE, SSH_PORT, NamespaceCluster, rate_bits
 
@@ -62,12 +63,10 @@ def net_variants(np: int, backends: list[str], smoke: bool) -> list[dict[str, An
 def env_variant(text: str, backend: str) -> dict[str, Any]:
     """--variant NAME:KEY=VALUE,...: hvdtrain on `backend` with that environment (an A/B of one setting);
     the key ARGS gives hvdtrain's command-line options instead, e.g. "b10:ARGS=--bucket-mb 10".
-    NAME@ddp:... is DDP with that environment instead, e.g. "ddp1@ddp:BENCH_GLOO_THREADS=1"."""
+    NAME@VARIANT[-BACKEND]:... picks its own variant as in benchmarks.ab, e.g. "ddp1@ddp:BENCH_GLOO_THREADS=1"."""
     name, _, assignments = text.partition(":")
     env = dict(kv.split("=", 1) for kv in assignments.split(",") if kv)
-    if name.endswith("@ddp"):
-        return {"name": name[:-len("@ddp")], "variant": "ddp", "launcher": "torchrun", "env": env}
-    spec = {"name": name, "variant": "hvdtrain", "launcher": "horovodrun", "backend": backend}
+    spec = {"name": name.partition("@")[0], **launch_spec(name, "hvdtrain", backend)}
     if "ARGS" in env:
         spec["hvdtrain_args"] = env.pop("ARGS")
     return {**spec, "env": env}
