@@ -13,11 +13,14 @@ TensorFlow), which is what upstream master did after the last release. `apply_gc
 standard includes g++ 13 (Ubuntu 24.04, the GPU image's base) needs in two of its headers.
 `apply_bf16` adds bfloat16 as a Horovod data type (scripts/horovod_bf16.py); `apply_perf` lets idle ranks skip
 Horovod's per-cycle negotiation and allreduces without copies or Gloo's ring where it can
-(scripts/horovod_perf.py: HOROVOD_IDLE_CYCLE_TIME, HOROVOD_EXCHANGE_ALLREDUCE).
+(scripts/horovod_perf.py: HOROVOD_IDLE_CYCLE_TIME, HOROVOD_EXCHANGE_ALLREDUCE). `apply_series` applies the patches
+listed in scripts/horovod/patches/series (real unified diffs, each with a header saying why) with
+`patch -p1 --forward --fuzz=0`.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -37,7 +40,7 @@ HOROVOD_VERSION = "0.28.1"
 CXX17_MARKER = "# hvdtrain: C++17 fix for torch >= 2.1"
 EXPECTED_BUILD = ("PyTorch", "MPI", "Gloo")
 # command -> Debian package that provides it
-SYSTEM_TOOLS = {"mpicxx": "libopenmpi-dev", "mpirun": "openmpi-bin", "cmake": "cmake", "g++": "g++"}
+SYSTEM_TOOLS = {"mpicxx": "libopenmpi-dev", "mpirun": "openmpi-bin", "cmake": "cmake", "g++": "g++", "patch": "patch"}
 # Needed only by tests (the two-host test runs a real sshd per host, the Slurm test a real slurmctld, slurmd
 # and munged); their absence never stops a build.
 TEST_TOOLS = {"/usr/sbin/sshd": "openssh-server", "/usr/sbin/slurmctld": "slurm-wlm", "/usr/sbin/slurmd": "slurm-wlm",
@@ -160,7 +163,24 @@ HEADER_PATCHES = {
 }
 
 
-PATCH_SET_HASH = patch_set_hash(PATCHES, HEADER_PATCHES, BF16_PATCHES, PERF_PATCHES)
+PATCH_DIR = Path(__file__).resolve().parent / "horovod" / "patches"
+
+
+def series(patch_dir: Path = PATCH_DIR) -> list[Path]:
+    """The patch files of `series`, in order (blank lines and # comments skipped)."""
+    names = [line.strip() for line in (patch_dir / "series").read_text().splitlines()]
+    return [patch_dir / name for name in names if name and not name.startswith("#")]
+
+
+def series_hash(patch_dir: Path = PATCH_DIR) -> str:
+    """A digest of the series (names and bytes, in order): part of the wheel cache key."""
+    digest = hashlib.sha256()
+    for path in series(patch_dir):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:10]
+
+
+PATCH_SET_HASH = patch_set_hash(PATCHES, HEADER_PATCHES, BF16_PATCHES, PERF_PATCHES) + series_hash()
 
 
 def patch_text(text: str, replacements: tuple[tuple[str, str], ...], name: str, marker: str = CXX17_MARKER) -> str:
@@ -188,6 +208,21 @@ def apply_cxx17_fix(src_dir: Path, patches: Mapping[str, tuple[tuple[str, str], 
             path.write_text(after)
             changed = True
     return changed
+
+
+def apply_series(src_dir: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
+    """Apply every patch of the series to an unpacked horovod tree, exactly (no fuzz); the names applied.
+    A patch that does not apply cleanly stops the build with one line naming it."""
+    applied = []
+    for path in series(patch_dir):
+        done = subprocess.run(["patch", "-p1", "--forward", "--fuzz=0", "--batch", "-i", str(path)], cwd=src_dir,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            detail = (done.stdout + done.stderr).strip().splitlines()
+            raise InstallError(f"{path.name} does not apply to horovod {HOROVOD_VERSION}: "
+                               f"{detail[-1] if detail else 'patch failed'}")
+        applied.append(path.name)
+    return applied
 
 
 def apply_gcc13_fix(src_dir: Path) -> bool:
@@ -620,6 +655,7 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
         apply_gcc13_fix(src)  # harmless for older compilers: only standard includes
         apply_bf16(src)
         apply_perf(src)
+        apply_series(src)
         if needs_cxx17(torch_version):
             apply_cxx17_fix(src)
             standard = torch_cxx_standard(python)
