@@ -53,7 +53,11 @@ class Rejected(ValueError):
         self.reason = reason
 
 
-REASONS = ("oversized", "malformed", "unauthenticated", "replayed", "unexpected")
+REASONS = ("oversized", "malformed", "unauthenticated", "replayed", "unexpected", "future")
+# How far a sequence number may run ahead of the receiver's clock (clock skew between hosts is far smaller), and
+# how far below a sender's highest one a number still counts as new (datagrams reordered or late).
+WINDOW_NS = 300 * 10**9
+MAX_SEEN = 4096
 
 
 @dataclass(frozen=True)
@@ -132,8 +136,24 @@ class Sender:
             return seal(self.key, self.channel, self.sender, self.seq, body)
 
 
+def key_id(key: bytes) -> str:
+    """A short public fingerprint of a key: ranks compare it to learn that they hold the same key, never the key.
+
+    Example:
+        >>> key_id(b"ab12") == key_id(b"ab12") != key_id(b"ab13")
+        True
+    """
+    return hashlib.sha256(b"hvdtrain-key-id\0" + key).hexdigest()[:16]
+
+
 class Inbox:
     """Opens datagrams for one channel: authenticated, not replayed; counts and drops everything else.
+
+    Replays: a sender's numbers start at its clock (ns) and only grow, so a datagram is new when its number was not
+    seen from that sender and is above the sender's highest minus WINDOW_NS. A number more than WINDOW_NS past this
+    receiver's clock is refused ("future"): without that bound one datagram of a key holder with seq 2**64-1 made
+    every later beat of that sender read as replayed, silencing a healthy rank. With it, such a datagram raises the
+    floor to at most this clock: the sender's next beats are above it.
 
     Args:
         key: the job's key (None: every datagram is refused).
@@ -145,7 +165,9 @@ class Inbox:
     def __init__(self, key: bytes | None, channel: bytes, senders: set[str] | None = None,
                  label: str = "control socket") -> None:
         self.key, self.channel, self.senders, self.label = key, channel, senders, label
-        self.last: dict[str, int] = {}
+        self.last: dict[str, int] = {}                 # each sender's highest number
+        self.seen: dict[str, set[int]] = {}            # its numbers within WINDOW_NS of that
+        self.floor: dict[str, int] = {}                # at or below: not new (numbers forgotten under a flood)
         self.rejected: Counter[str] = Counter()
         self.warned = False
 
@@ -154,12 +176,25 @@ class Inbox:
             message = unseal(self.key, data)
             if message.channel != self.channel or (self.senders is not None and message.sender not in self.senders):
                 raise Rejected("unexpected")
-            if message.seq <= self.last.get(message.sender, -1):
+            if message.seq > time.time_ns() + WINDOW_NS:
+                raise Rejected("future")
+            highest = self.last.get(message.sender, -1)
+            seen = self.seen.setdefault(message.sender, set())
+            floor = max(highest - WINDOW_NS, self.floor.get(message.sender, -1))
+            if message.seq <= floor or message.seq in seen:
                 raise Rejected("replayed")
         except Rejected as no:
             self.reject(no.reason)
             return None
-        self.last[message.sender] = message.seq
+        seen.add(message.seq)
+        if message.seq > highest:
+            self.last[message.sender] = highest = message.seq
+        if len(seen) > MAX_SEEN:   # numbers out of the window go; under a key holder's flood, the oldest half too
+            seen.difference_update({n for n in seen if n <= highest - WINDOW_NS})
+            if len(seen) > MAX_SEEN // 2:
+                forgotten = sorted(seen)[:len(seen) - MAX_SEEN // 2]
+                seen.difference_update(forgotten)
+                self.floor[message.sender] = forgotten[-1]   # a forgotten number must not count as new
         return message
 
     def reject(self, reason: str) -> None:

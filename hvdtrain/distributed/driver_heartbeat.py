@@ -22,6 +22,7 @@ it, however late the worker noticed the loss (a timer of the worker's own could 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -41,14 +42,16 @@ BEAT, BYE, DROPPED, SAVE, SAVED = "beat", "bye", "dropped", "save", "saved"
 DROPPED_EXIT = 1
 
 
-def worker_id(host: str, slot: int, pid: int) -> str:
-    """A worker's sender id on the wire: Horovod's host name and slot, and the pid (a restarted worker is new).
+def worker_id(host: str, slot: int, pid: int, nonce: str = "") -> str:
+    """A worker's sender id on the wire: Horovod's host name and slot, the pid, and a nonce the process draws at
+    start. The nonce makes a restarted worker new even with the same pid (a container restarted on the same host
+    name often gets it): the driver remembers the ids it dropped, and must not take the new one for the old.
 
     Example:
-        >>> worker_id("node2", 1, 4242), parse_worker_id("node2/1/4242")
-        ('node2/1/4242', ('node2', 1, 4242))
+        >>> worker_id("node2", 1, 4242, "9f3a"), parse_worker_id("node2/1/4242.9f3a")
+        ('node2/1/4242.9f3a', ('node2', 1, 4242))
     """
-    return f"{host}/{slot}/{pid}"
+    return f"{host}/{slot}/{pid}" + (f".{nonce}" if nonce else "")
 
 
 def dropped_notice(worker: str) -> str:
@@ -62,9 +65,12 @@ def save_request(worker: str) -> str:
 
 
 def parse_worker_id(sender: str) -> tuple[str, int, int] | None:
+    """(host, slot, pid) of a worker id, or None when it is not one."""
     host, _, rest = sender.rpartition("/")
     host, _, slot = host.rpartition("/")
-    return (host, int(slot), int(rest)) if host and slot.isdigit() and rest.isdigit() else None
+    pid, _, nonce = rest.partition(".")
+    ok = host and slot.isdigit() and pid.isdigit() and (not nonce or nonce.isalnum())
+    return (host, int(slot), int(pid)) if ok else None
 
 
 def driver_watch(env: Mapping[str, str]) -> tuple[str, int] | None:
@@ -86,7 +92,7 @@ class Heartbeat:
         # Saves the last commit if this worker waits for the world; False: not now (the driver asks again).
         self.on_save = on_save
         self.saving = threading.Lock()
-        self.id = worker_id(host, slot, os.getpid())
+        self.id = worker_id(host, slot, os.getpid(), secrets.token_hex(4))
         self.sender = control_wire.Sender(key, TO_DRIVER, self.id)
         self.inbox = control_wire.Inbox(key, FROM_DRIVER, {DRIVER_SENDER}, "driver heartbeat socket")
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

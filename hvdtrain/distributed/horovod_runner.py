@@ -108,13 +108,14 @@ def rendezvous_server_at(port: int, slots: Iterable[Mapping[str, Any]]) -> Any:
 
 
 def elastic_driver(find_slots: Callable[[], dict[str, int]], min_np: int, max_np: int, *, timeout: int,
-                   cooldown_range: tuple[int, int]) -> tuple[Any, Any, int]:
+                   cooldown_range: tuple[int, int], key: bytes, host: str = "",
+                   refused: Callable[[str], None] | None = None) -> tuple[Any, Any, int]:
     """Horovod's ElasticDriver over hosts `find_slots()` returns ({host: slots}), with its rendezvous server
-    started: (driver, server, port). Driven through the driver's public methods, as horovod/ray/elastic_v2.py."""
+    started on `host` ('' = every interface) behind hvdtrain's checks under the job's `key` (guarded_handler):
+    (driver, server, port). Driven through the driver's public methods, as horovod/ray/elastic_v2.py."""
     from horovod.runner.elastic.discovery import HostDiscovery
     from horovod.runner.elastic.driver import ElasticDriver
     from horovod.runner.elastic.rendezvous import create_rendezvous_handler
-    from horovod.runner.http.http_server import RendezvousServer
 
     check_version()
 
@@ -122,11 +123,118 @@ def elastic_driver(find_slots: Callable[[], dict[str, int]], min_np: int, max_np
         def find_available_hosts_and_slots(self) -> dict[str, int]:
             return find_slots()
 
-    server = RendezvousServer(verbose=0)
+    server = bound_rendezvous_server(host)(verbose=0)
     driver = ElasticDriver(server, Hosts(), min_np, max_np, timeout=timeout, cooldown_range=cooldown_range,
                            verbose=0)
-    port = server.start(create_rendezvous_handler(driver))
+    port = server.start(guarded_handler(create_rendezvous_handler(driver), key, refused))
     return driver, server, port
+
+
+def bound_rendezvous_server(host: str) -> type:
+    """Horovod's RendezvousServer class, listening on `host` only ('' = every interface, as Horovod does)."""
+    from horovod.runner.http.http_server import RendezvousHTTPServer, RendezvousServer
+    from horovod.runner.util.network import find_port
+    from horovod.runner.util.threads import in_thread
+
+    class BoundRendezvousServer(RendezvousServer):   # type: ignore[misc]
+        def start(self, handler_cls: type | None = None) -> int:
+            from horovod.runner.http.http_server import RendezvousHandler
+
+            self._httpd, port = find_port(lambda addr: RendezvousHTTPServer(
+                (host, addr[1]), handler_cls or RendezvousHandler, self._verbose))
+            self._listen_thread = in_thread(target=self._httpd.serve_forever)
+            return int(port)
+
+    return BoundRendezvousServer
+
+
+def guarded_handler(handler: type, key: bytes | None, refused: Callable[[str], None] | None = None) -> type:
+    """`handler` (Horovod's elastic rendezvous handler class) behind launcher/rendezvous_auth.py's checks: bodies
+    over MAX_BODY refused unread, a worker registration only when signed with `key` and decoded without running
+    code, malformed paths answered 400 (Horovod's handler raised, printing a traceback per request). `refused`
+    gets one safe line per refused request."""
+    from horovod.runner.http.http_server import KVStoreHandler
+
+    from hvdtrain.launcher import rendezvous_auth as auth
+
+    def refuse(request: Any, status: int, why: str) -> None:
+        request.send_status_code(status)
+        if refused is not None:
+            refused(f"{request.command} {auth.safe_text(request.path)} from {request.client_address[0]}: {why}")
+
+    class GuardedRendezvousHandler(handler):   # type: ignore[misc, valid-type]
+        def _scope_key(self) -> tuple[str, str] | None:
+            parts = self.path.split("/")
+            if len(parts) != 3 or not parts[1] or not parts[2]:
+                refuse(self, 400, "not /scope/key")
+                return None
+            return parts[1], parts[2]
+
+        def do_GET(self) -> None:
+            if self._scope_key() is not None:
+                try:
+                    super().do_GET()
+                except Exception as err:   # e.g. rank_and_size of a key that is not host:slot
+                    refuse(self, 400, type(err).__name__)
+
+        def do_DELETE(self) -> None:
+            if self._scope_key() is not None:
+                super().do_DELETE()
+
+        def do_PUT(self) -> None:
+            found = self._scope_key()
+            if found is None:
+                return
+            scope, name = found
+            try:
+                length = auth.body_length(self.headers.get("Content-Length"))
+                body = self.rfile.read(length)
+            except auth.Refused as no:
+                self.close_connection = True   # the unread body must not be taken for the next request
+                refuse(self, 413, str(no))
+                return
+            except OSError:
+                refuse(self, 408, "body not received in time")
+                return
+            if scope != auth.REGISTRATION_SCOPE:   # Gloo's raw addresses: stored, never decoded (as Horovod does)
+                KVStoreHandler._put_value(self, scope, name, body)
+                self.send_status_code(200)
+                return
+            try:
+                host, slot, addresses, worker_key = auth.registration(key, self.path, body,
+                                                                      self.headers.get(auth.AUTH_HEADER))
+            except auth.Refused as no:
+                refuse(self, 403, str(no))
+                return
+            self._put_worker_addresses(host, slot, addresses, worker_key)
+            KVStoreHandler._put_value(self, scope, name, body)
+            self.send_status_code(200)
+
+    return GuardedRendezvousHandler
+
+
+@contextmanager
+def horovodrun_rendezvous_guarded(key: bytes | None, host: str,
+                                  refused: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Inside: the elastic rendezvous horovodrun starts in this process (gloo_run's RendezvousServer and
+    create_rendezvous_handler, Horovod 0.28.1) listens on `host` and sits behind guarded_handler under `key`.
+    Raises AdapterError, before patching, when Horovod's launcher no longer has those names."""
+    from horovod.runner import gloo_run
+
+    names = ("RendezvousServer", "create_rendezvous_handler")
+    missing = [name for name in names if not hasattr(gloo_run, name)]
+    if missing:
+        raise AdapterError(f"Horovod {version()}'s horovod.runner.gloo_run no longer has {', '.join(missing)}: "
+                           "the elastic rendezvous would run unguarded")
+    saved = {name: getattr(gloo_run, name) for name in names}
+    create = saved["create_rendezvous_handler"]
+    gloo_run.RendezvousServer = bound_rendezvous_server(host)
+    gloo_run.create_rendezvous_handler = lambda driver: guarded_handler(create(driver), key, refused)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(gloo_run, name, value)
 
 
 @contextmanager
@@ -154,6 +262,33 @@ def job_store_replaced(server: Callable[..., Any], put: Callable[..., None],
         finally:
             for name, value in saved.items():
                 setattr(launch_module, name, value)
+
+
+def sign_result_put(headers: Callable[[str, bytes], dict[str, str]]) -> bool:
+    """In a worker Horovod's function launcher started (`python -m horovod.runner.run_task ADDR PORT`, 0.28.1): its
+    PUT of the result carries `headers(rank_text, body)`, so the launcher's store can refuse a stranger's PUT before
+    reading its body. False (nothing changed) in any other process. run_task runs as __main__ and calls the
+    put_data_into_kvstore it imported by name once the function returns: replacing that name there is enough."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", "") != "horovod.runner.run_task":
+        return False
+    if version() != WRITTEN_FOR or not hasattr(main, "put_data_into_kvstore"):
+        raise AdapterError(f"Horovod {version()}'s run_task no longer PUTs its result with put_data_into_kvstore: "
+                           "check hvdtrain/distributed/horovod_runner.py sign_result_put")
+    from urllib.request import Request, urlopen
+
+    from horovod.runner.common.util import codec
+
+    def put_data_into_kvstore(addr: str, port: int, scope: str, key: str, value: Any) -> None:
+        body = codec.dumps_base64(value, to_ascii=False)
+        request = Request(f"http://{addr}:{port}/{scope}/{key}", data=body, method="PUT", headers=headers(key, body))
+        try:
+            urlopen(request).close()
+        except OSError as err:   # HTTPError and URLError are OSErrors: as Horovod's own put raises
+            raise RuntimeError("Put data input KVStore server failed.", err) from None
+
+    main.put_data_into_kvstore = put_data_into_kvstore   # type: ignore[union-attr]
+    return True
 
 
 def set_termination_grace(seconds: int) -> int:

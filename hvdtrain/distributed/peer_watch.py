@@ -13,7 +13,8 @@ rank; the others exit quietly with the same status. Elastic jobs do not use this
 workers beat to the driver instead (driver_heartbeat.py), which drops a silent one and goes on.
 
 Authenticated (control_wire.py): every heartbeat is sealed with the job's key (HVDTRAIN_CONTROL_KEY where
-a launcher delivered one, else a random key rank 0 sends the others over Horovod itself at start-up, never
+a launcher delivered one to every rank, else a random key rank 0 sends the others over Horovod itself at start-up
+(in clear, as Horovod's own traffic is: plain horovodrun; `hvdtrain launch` always delivers one), never
 over UDP), from a sender id each rank draws afresh per watch, with a sequence number that only grows.
 Forged, replayed, malformed, or another job's datagrams are counted and dropped: they cannot end a rank
 (no exception reaches the watch's thread), mark a healthy rank silent (draining them never delays a beat)
@@ -214,14 +215,17 @@ def start(timeout_s: int) -> PeerWatch | None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((bound or "0.0.0.0", 0))
     host = socket.gethostname()
-    # Over Horovod's own channel (the security model trusts it): where each rank listens, its fresh sender
-    # id, and rank 0's random key for a job whose launcher gave none. Nothing secret is sent over UDP.
+    # Over Horovod's own channel: where each rank listens, its fresh sender id, the fingerprint of the key its
+    # launcher gave it, and from rank 0 a fresh key, used only when the ranks do not all hold the same launcher key
+    # (plain horovodrun): the launcher's key itself never travels. Nothing secret is sent over UDP.
+    launcher_key = control_wire.key_from_env(os.environ)
     mine = {"rank": me.rank, "host": host, "addresses": [bound] if bound else own_addresses(),
             "port": sock.getsockname()[1], "sender": f"{me.rank}.{control_wire.new_key()[:16]}",
-            "key": (control_wire.key_from_env(os.environ) or control_wire.new_key().encode()).decode()
-            if me.rank == 0 else ""}
+            "key_id": control_wire.key_id(launcher_key) if launcher_key else "",
+            "key": control_wire.new_key() if me.rank == 0 else ""}
     everyone = collectives.allgather_object(mine, name="hvdtrain.peer_watch")
-    key = everyone[0]["key"].encode()   # rank 0's: one job's heartbeats are not another's
+    shared = launcher_key is not None and all(e["key_id"] == mine["key_id"] for e in everyone)
+    key = launcher_key if shared and launcher_key else everyone[0]["key"].encode()   # one job's, not another's
     peers = [Peer(e["rank"], e["host"], tuple(a for a in e["addresses"] if e["host"] == host or a != "127.0.0.1"),
                   e["port"], e["sender"]) for e in everyone if e["rank"] != me.rank]
     watch = PeerWatch(me.rank, key, peers, sock, timeout_s, mine["sender"])

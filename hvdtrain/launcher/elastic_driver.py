@@ -36,6 +36,7 @@ from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import control_wire, horovod_runner
+from hvdtrain.launcher.rendezvous_auth import RefusedRequests
 from hvdtrain.launcher.worker_watch import WorkerWatch, interface_address
 
 WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
@@ -168,6 +169,7 @@ def main(argv: list[str]) -> int:
     os.environ[WATCHED_ENV] = "1"
     watches: list[BelowMinNpWatch] = []
     workers = worker_watch(args, os.environ)
+    key = control_wire.key_from_env(os.environ)
     os.environ.pop(control_wire.CONTROL_KEY_ENV, None)   # horovodrun would write it on the workers' command lines
     if workers is not None:   # its port reaches the workers with horovodrun's environment (the key: secrets file)
         os.environ.update(workers.env())
@@ -180,13 +182,18 @@ def main(argv: list[str]) -> int:
         if workers is not None:
             workers.watch(view)
 
+    refused = RefusedRequests("the elastic rendezvous")
+    bind = interface_address(args.nics)
     try:
-        with horovod_runner.driver_created(watch):
+        with horovod_runner.horovodrun_rendezvous_guarded(key, "" if bind == "0.0.0.0" else bind, refused), \
+                horovod_runner.driver_created(watch):
             horovod_runner.horovodrun_run(args)
     except RuntimeError as err:
         if not any(w.gave_up for w in watches):
             print(f"hvdtrain: error: {err}".rstrip(), file=sys.stderr, flush=True)
         return 1
+    finally:
+        refused.summary()
     # After giving up, Horovod may still return normally (a later stop() clears the error message).
     return 1 if any(w.gave_up for w in watches) else 0
 

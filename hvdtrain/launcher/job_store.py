@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hmac
+import os
 import pickletools
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,14 +39,37 @@ import cloudpickle
 
 from hvdtrain.distributed import horovod_runner
 from hvdtrain.errors import LaunchError
-from hvdtrain.launcher.sealed import result_purpose, unseal
+from hvdtrain.launcher.rendezvous_auth import safe_text
+from hvdtrain.launcher.sealed import RESULT_AUTH_HEADER, result_purpose, result_token, unseal
 
 JOB_PATH = "/runfunc/func"
 RESULT_SCOPE = "/runfunc_result/"
 REQUEST_TIMEOUT_S = 10
+# A rank's result as Horovod's worker PUTs it (base64 of the pickled, sealed return value): larger ones are refused
+# unread. HVDTRAIN_LAUNCH_MAX_RESULT_MB raises it for a function that returns more (return paths, not tensors).
+MAX_RESULT_ENV = "HVDTRAIN_LAUNCH_MAX_RESULT_MB"
+MAX_RESULT_MB = 256
+# Every body being read at once, together, stays under this; a PUT that does not fit waits for room, then is
+# refused. With the per-body deadline below, a stranger's slow or huge PUTs hold the launcher's memory to it.
+INFLIGHT_FACTOR = 2
+BODY_DEADLINE_S = 30.0     # plus a second per 8 MiB of body: a trickled body is cut off
+KEEP_REFUSED = 100
 # Opcodes of `pickle.dumps(some_bytes)` at protocol 3 to 5: nothing that imports, calls or builds objects.
 _BYTES_OPS = {"PROTO", "FRAME", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "MEMOIZE", "BINPUT", "LONG_BINPUT",
               "STOP"}
+
+
+def max_result_bytes(environ: Mapping[str, str]) -> int:
+    """The largest result body the store reads, from MAX_RESULT_ENV (MB) or MAX_RESULT_MB.
+
+    Example:
+        >>> max_result_bytes({}), max_result_bytes({"HVDTRAIN_LAUNCH_MAX_RESULT_MB": "1"})
+        (268435456, 1048576)
+    """
+    text = environ.get(MAX_RESULT_ENV, "").strip()
+    if text and not text.isdigit():
+        raise LaunchError(f"{MAX_RESULT_ENV}={text!r}: expected a whole number of MB, e.g. {MAX_RESULT_MB}")
+    return int(text or MAX_RESULT_MB) * 2**20
 
 
 def bytes_of_pickle(data: bytes) -> bytes:
@@ -72,14 +98,19 @@ class JobStore:
         key: the launch's key; num_proc: the job's ranks; host: the address to listen on ('' = every one).
     """
 
-    def __init__(self, job_body: bytes, key: bytes, num_proc: int, host: str = "") -> None:
+    def __init__(self, job_body: bytes, key: bytes, num_proc: int, host: str = "",
+                 max_result: int | None = None) -> None:
         self.job_body = job_body
         self.key = key
         self.num_proc = num_proc
         self.host = host
+        self.max_result = max_result if max_result is not None else max_result_bytes(os.environ)
         self.results: dict[int, bytes] = {}
-        self.refused: list[str] = []   # "METHOD path from ADDR" of each refused request
+        self.refused: list[str] = []   # "METHOD path from ADDR" of the first KEEP_REFUSED refused requests
+        self.refused_count = 0
         self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)
+        self.inflight = 0              # bytes of the bodies being read now
         self.httpd: ThreadingHTTPServer | None = None
 
     def start_server(self) -> int:
@@ -100,8 +131,44 @@ class JobStore:
             httpd.shutdown()
             httpd.server_close()
 
+    def refuse(self, line: str) -> None:
+        with self.lock:
+            self.refused_count += 1
+            if len(self.refused) < KEEP_REFUSED:   # a flood of requests must not grow this list without end
+                self.refused.append(line)
+
+    def wanted(self, path: str, length: int, token: str | None) -> int | None:
+        """The rank a PUT of `length` bytes at `path` may be a result of, or None: refused before its body is read
+        (not a result path, not a rank of the job, a rank already in, larger than a result may be, or without the
+        worker's proof of the launch's key for this rank and length: sealed.result_token)."""
+        rank_text = path[len(RESULT_SCOPE):] if path.startswith(RESULT_SCOPE) else ""
+        if not rank_text.isdigit() or not 0 <= int(rank_text) < self.num_proc or not 0 <= length <= self.max_result:
+            return None
+        if not token or not hmac.compare_digest(result_token(self.key, int(rank_text), length), token.strip()):
+            return None
+        with self.lock:
+            return None if int(rank_text) in self.results else int(rank_text)
+
+    @contextmanager
+    def room_for(self, length: int) -> Iterator[bool]:
+        """Inside: `length` bytes counted against the in-flight budget; False when no room came within the request
+        timeout (the caller refuses the PUT unread)."""
+        budget = INFLIGHT_FACTOR * self.max_result
+        with self.room:
+            got = self.room.wait_for(lambda: self.inflight + length <= budget, timeout=REQUEST_TIMEOUT_S)
+            if got:
+                self.inflight += length
+        try:
+            yield got
+        finally:
+            if got:
+                with self.room:
+                    self.inflight -= length
+                    self.room.notify_all()
+
     def accept(self, path: str, body: bytes) -> bool:
-        """Whether a worker's PUT is a sealed result of a rank not yet in; it is kept when it is."""
+        """Whether a worker's PUT (its token checked already) is a sealed result of a rank not yet in; it is kept
+        when it is."""
         rank_text = path[len(RESULT_SCOPE):] if path.startswith(RESULT_SCOPE) else ""
         if not rank_text.isdigit() or not 0 <= int(rank_text) < self.num_proc:
             return False
@@ -138,19 +205,36 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(404)
 
     def do_PUT(self) -> None:   # noqa: N802
+        text = self.headers.get("Content-Length", "").strip()
+        length = int(text) if text.isdigit() and len(text) < 20 else -1
+        # Read the body only where a result may come, of a size a result may have, with room in the budget;
+        # anything else is refused unread.
+        if self.owner.wanted(self.path, length, self.headers.get(RESULT_AUTH_HEADER)) is not None:
+            with self.owner.room_for(length) as room:
+                body = self._body(length) if room else None
+                if body is not None and self.owner.accept(self.path, body):
+                    self._answer(200)
+                    return
+        self.owner.refuse(f"PUT {safe_text(self.path, 80)} from {self.client_address[0]}")
+        self._answer(403)
+        self.close_connection = True
+
+    def _body(self, length: int) -> bytes | None:
+        """The body, read in chunks against one deadline for all of it; None when it does not arrive in time."""
+        deadline = time.monotonic() + BODY_DEADLINE_S + length / (8 * 2**20)
+        chunks, left = [], length
         try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            length = -1
-        # Read the body only where a result may come; anything else is refused unread.
-        wanted = self.path.startswith(RESULT_SCOPE) and length >= 0
-        body = self.rfile.read(length) if wanted else b""
-        if wanted and self.owner.accept(self.path, body):
-            self._answer(200)
-        else:
-            self.owner.refused.append(f"PUT {self.path[:80]} from {self.client_address[0]}")
-            self._answer(403)
-            self.close_connection = True
+            while left:
+                if time.monotonic() > deadline:
+                    return None
+                chunk = self.rfile.read1(min(left, 2**20))
+                if not chunk:
+                    return None
+                chunks.append(chunk)
+                left -= len(chunk)
+        except OSError:   # the socket's own timeout (REQUEST_TIMEOUT_S without a byte)
+            return None
+        return b"".join(chunks)
 
     def _answer(self, status: int, body: bytes = b"") -> None:
         self.send_response(status)
@@ -189,6 +273,6 @@ def serving(store: JobStore) -> Iterator[None]:
         raise LaunchError(f"hvdtrain.launch(): {err}: not launching with Horovod's unauthenticated job store "
                           "(use `hvdtrain launch` instead)") from None
     finally:
-        if store.refused:
-            sys.stderr.write(f"hvdtrain: warning: launch(): refused {len(store.refused)} request(s) to the job "
+        if store.refused_count:
+            sys.stderr.write(f"hvdtrain: warning: launch(): refused {store.refused_count} request(s) to the job "
                              f"store that were not this launch's, the first: {store.refused[0]}\n")

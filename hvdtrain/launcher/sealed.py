@@ -15,6 +15,8 @@ Nothing here imports Horovod: the workers unpickle `SealedJob` and call it.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,20 @@ def result_purpose(rank: int) -> str:
     return f"result of rank {rank}"
 
 
+RESULT_AUTH_HEADER = "X-Hvdtrain-Result"
+
+
+def result_token(key: bytes, rank: int, length: int) -> str:
+    """What a worker's result PUT carries in RESULT_AUTH_HEADER: proof of the launch's key, bound to the rank and
+    the body's length, checked before the body is read (the body itself is sealed: checked after).
+
+    Example:
+        >>> result_token(b"k" * 32, 0, 10) == result_token(b"k" * 32, 0, 10) != result_token(b"k" * 32, 1, 10)
+        True
+    """
+    return hmac.new(key, _CONTEXT + f"result PUT {rank} {length}".encode(), hashlib.sha256).hexdigest()
+
+
 def read_key(key_file: str) -> bytes:
     """The launch's key from its secrets file; a UserError naming the file when this host cannot read it."""
     from hvdtrain.launcher.secrets import read_secrets_file
@@ -101,6 +117,10 @@ class SealedJob:
             raise UserError(f"launch(): the job is not this launch's ({err}); refusing to run it") from None
         value = guarded()
         rank = process.current().rank
+        from hvdtrain.distributed import horovod_runner
+
+        horovod_runner.sign_result_put(lambda rank_text, body: {
+            RESULT_AUTH_HEADER: result_token(key, int(rank_text) if rank_text.isdigit() else -1, len(body))})
         return seal(key, result_purpose(rank), _dumps_result(value, rank))
 
 

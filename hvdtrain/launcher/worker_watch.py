@@ -34,7 +34,6 @@ from hvdtrain.distributed.driver_heartbeat import (
     dropped_notice,
     parse_worker_id,
     save_request,
-    worker_id,
 )
 
 POLL_S = 1.0
@@ -45,6 +44,7 @@ class Heard:
     at: float
     pid: int
     address: Any = None   # where its beats came from: where a save request goes
+    id: str = ""          # its worker id on the wire (driver_heartbeat.worker_id)
 
 
 def interface_address(nics: set[str] | list[str] | None) -> str:
@@ -76,8 +76,8 @@ class WorkerWatch(threading.Thread):
         self.answer = control_wire.Sender(key.encode(), FROM_DRIVER, DRIVER_SENDER)
         self.driver: Any = None
         self.heard: dict[tuple[str, int], Heard] = {}
-        self.dropped: set[tuple[str, int, int]] = set()   # (host, slot, pid)
-        self.saved: set[tuple[str, int, int]] = set()     # answered a save request
+        self.dropped: set[str] = set()   # worker ids (host/slot/pid.nonce): a restarted worker has a new one
+        self.saved: set[str] = set()     # answered a save request
         self.lines: list[str] = []
 
     def env(self) -> dict[str, str]:
@@ -116,7 +116,7 @@ class WorkerWatch(threading.Thread):
             return
         host, slot, pid = worker
         key = (host, slot)
-        if worker in self.dropped:
+        if beat.sender in self.dropped:
             if beat.body != BYE:
                 try:   # it came back after the job went on without it; sealed, and naming it alone
                     self.sock.sendto(self.answer.seal(dropped_notice(beat.sender)), sender)
@@ -125,9 +125,9 @@ class WorkerWatch(threading.Thread):
         elif beat.body == BYE:
             self.heard.pop(key, None)
         else:
-            self.heard[key] = Heard(time.monotonic(), pid, sender)
+            self.heard[key] = Heard(time.monotonic(), pid, sender, beat.sender)
             if beat.body == SAVED:
-                self.saved.add(worker)
+                self.saved.add(beat.sender)
 
     def ask_to_save(self, wait_s: float) -> list[str]:
         """Before the job ends below --min-np: every worker beating now is asked, once a second, to save the last
@@ -137,14 +137,14 @@ class WorkerWatch(threading.Thread):
         while True:
             now = time.monotonic()
             pending = {key: heard for key, heard in list(self.heard.items())
-                       if (*key, heard.pid) not in self.saved and now - heard.at < 3 * HEARTBEAT_S}
+                       if heard.id not in self.saved and now - heard.at < 3 * HEARTBEAT_S}
             if not pending or now >= deadline:
                 return [f"{host}[{slot}]" for host, slot in pending]
             if now - asked >= POLL_S:   # again each second, until it answers
                 asked = now
                 for (host, slot), heard in pending.items():
                     try:
-                        self.sock.sendto(self.answer.seal(save_request(worker_id(host, slot, heard.pid))),
+                        self.sock.sendto(self.answer.seal(save_request(heard.id)),
                                          heard.address)
                     except (OSError, TypeError, ValueError):   # TypeError: no address
                         pass
@@ -162,7 +162,7 @@ class WorkerWatch(threading.Thread):
                 self.drop(host, slot, heard, now - heard.at)
 
     def drop(self, host: str, slot: int, heard: Heard, silent_s: float) -> None:
-        self.dropped.add((host, slot, heard.pid))
+        self.dropped.add(heard.id)
         line = (f"hvdtrain: warning: the worker on host {host} (slot {slot}, pid {heard.pid}) has not been heard from "
                 f"for {silent_s:.0f} s (frozen, or its host cut off; --peer-timeout-s {self.timeout_s:g}): the "
                 "elastic job drops it and goes on with the others")

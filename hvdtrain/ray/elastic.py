@@ -26,6 +26,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import control_wire
 from hvdtrain.errors import LaunchError, WorkerError, first_line
 from hvdtrain.launcher.guard import Failure, Guarded
+from hvdtrain.launcher.rendezvous_auth import RefusedRequests
 from hvdtrain.launcher.worker_watch import WorkerWatch
 from hvdtrain.ray.worker import AUTO_IFACE, Slot, Worker, horovod_env
 
@@ -84,13 +85,16 @@ def run(ray: Any, job: Guarded, num_workers: int, min_workers: int, max_workers:
 
     from hvdtrain.distributed import horovod_runner
 
+    key = control_wire.new_key()   # the heartbeats' and the rendezvous registrations'
+    host = reachable_address(ray.get_runtime_context().gcs_address)   # the workers reach us here
     driver, rendezvous, port = horovod_runner.elastic_driver(lambda: node_slots(ray.nodes(), resources),
                                                              min_workers, max_workers, timeout=start_timeout,
-                                                             cooldown_range=COOLDOWN_S)
-    address = (reachable_address(ray.get_runtime_context().gcs_address), port)   # the workers reach us here
+                                                             cooldown_range=COOLDOWN_S, key=key.encode(),
+                                                             host=host, refused=RefusedRequests("the rendezvous"))
+    address = (host, port)
     # The driver's own --peer-timeout-s: the config's, when the job is a config-driven fit.
     timeout_s = next((a.peer_timeout_s for a in job.args if isinstance(a, TrainConfig)), TrainConfig.peer_timeout_s)
-    watch = WorkerWatch(control_wire.new_key(), timeout_s, address[0])
+    watch = WorkerWatch(key, timeout_s, address[0])
     worker_env = {**env, **watch.env()}
     job = Guarded(job.fn, job.args, job.kwargs, {**job.secrets, **watch.secrets()})   # the key: pickled, not env
     finished: dict[tuple[str, int], Any] = {}   # (node id, local rank) -> the worker's result

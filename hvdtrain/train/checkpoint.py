@@ -9,6 +9,8 @@ import io
 import os
 import random
 import re
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -108,16 +110,19 @@ def save(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path
 
 
 def save_new(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path | None:
-    """As save, but only where no checkpoint of this step exists or is being written (then None): for a
-    survivor's one-worker save beside rank 0, whose all-worker file of the same step must win."""
+    """As save, but only where no checkpoint of this step exists (then None): for a survivor's one-worker save
+    beside rank 0, whose all-worker file of the same step wins (its rename replaces this one; this link never
+    replaces it). Several survivors may call it at once: each stages its own file, the first link wins.
+
+    A temp file of rank 0 does not stop it: rank 0 may be the worker that was lost mid-write (its temp file stays),
+    or a killed earlier run's; whichever file lands last under the final name is rank 0's."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / file_name(step, payload.get("progress", {}).get("branch", 0))
-    writing = final.with_name(f".{final.name}.tmp")     # atomic_write's temp name: rank 0 is mid-write
-    if final.exists() or writing.exists():
+    if final.exists():
         return None
-    # Not through the final name's temp file (rank 0 may start one now) and no sweep of temp files (rank 0's);
-    # the link below fails rather than replace a file rank 0 renamed there meanwhile.
-    staged = atomic_write(directory / f".survivor-{final.name}",
+    # Not through the final name's temp file (rank 0 may start one now) and no sweep of temp files (rank 0's).
+    staged = atomic_write(directory / f".survivor-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}-"
+                                      f"{final.name}",
                           lambda handle: torch.save({"format": FORMAT, **payload}, handle))
     try:
         os.link(staged, final)

@@ -13,7 +13,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -125,7 +124,6 @@ class ElasticRun:
         self.state: Any = None
         self._own_stats: Any = None
         self._final: Progress | None = None
-        self._claim: Path | None = None     # this rank saves the last commit while waiting (see below)
         self.size = 0                       # workers at the last (re)start, to tell when some were lost
         # The timers' callbacks act only while the world is re-forming, and training waits for one that runs.
         self._reset_lock = threading.Lock()
@@ -238,9 +236,6 @@ class ElasticRun:
                 timer.cancel()
             with self._reset_lock:   # a save in progress finishes before training changes the weights
                 self._resetting = False
-            if self._claim is not None:
-                self._claim.unlink(missing_ok=True)
-                self._claim = None
 
     def _save_last_commit(self, waited_s: float) -> None:
         self._save_if_waiting(f"the workers have not re-formed after {waited_s:g} s; in case they never do")
@@ -251,37 +246,35 @@ class ElasticRun:
         return self._save_if_waiting("the job stops below --min-np")
 
     def _save_if_waiting(self, why: str) -> bool:
+        """True once the last commit is on disk (saved now, or already there); False while this rank is not
+        waiting for the world (still in a collective): the driver asks again."""
         with self._reset_lock:
-            if self._resetting:
-                self._save_while_waiting(why)
-            return self._resetting
+            return self._resetting and self._save_while_waiting(why)
 
-    def _save_while_waiting(self, why: str) -> None:
-        """While no collective can run: one survivor, whichever claims it first, writes the last commit.
+    def _save_while_waiting(self, why: str) -> bool:
+        """While no collective can run: each survivor that finds no checkpoint of the last commit writes one (the
+        first to land wins; checkpoint.save_new). True when one is on disk afterwards.
 
-        Every survivor holds the same committed model, optimizer and progress (rank 0 may be the one lost);
-        the claim is a file beside the checkpoints, which every rank reaches (the run directory is shared).
+        Every survivor holds the same committed model, optimizer and progress (rank 0 may be the one lost). No
+        claim file decides who writes: a claim held by the lost or frozen rank, or left by a killed earlier run,
+        would make every survivor answer "saved" with nothing on disk.
         """
         plan = self.state.start["plan"]     # rank 0's, since the first sync
         run_path = plan.path if plan else None
         if not run_path:
-            return
+            return True    # a run without a folder: nothing to save
         p = self.state.progress     # the committed copy: the restored weights match it
-        folder = checkpoint.checkpoint_dir(run_path)
-        claim = folder / f".last-commit-{p.step:09d}.claim"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:
-            return
-        self._claim = claim
+        final = checkpoint.checkpoint_dir(run_path) / checkpoint.file_name(p.step, p.branch)
+        if final.exists():
+            return True
         # This rank's per-rank states alone (not the loader's RNG: training moved it on after the commit); the file
         # reads as a one-worker run (see resume.py).
         path = self.checkpointer.save(self.hooks.state(p, False), p.step, replace=False)
-        if path is None:   # rank 0's, from all workers, is there or on its way: it holds more than ours
-            console.error(f"note: rank {self.rank} left the last commit (step {p.step}) to rank 0's checkpoint")
-            return
-        console.error(f"note: {why}: rank {self.rank} saved the last commit (step {p.step}) to {path}")
+        if path is not None:
+            console.error(f"note: {why}: rank {self.rank} saved the last commit (step {p.step}) to {path}")
+        elif final.exists():   # another survivor's, or rank 0's all-worker file, landed first
+            console.error(f"note: rank {self.rank} found the last commit (step {p.step}) saved already")
+        return final.exists()
 
     def _give_up(self, waited_s: float) -> None:
         with self._reset_lock:

@@ -9,6 +9,7 @@ import hmac
 import os
 import socket
 import struct
+import time
 
 import pytest
 
@@ -119,3 +120,40 @@ def test_the_key_comes_from_the_environment_or_the_launchers_secrets_file(tmp_pa
     assert wire.key_from_env({"HVDTRAIN_CONTROL_KEY": "zz", "HVDTRAIN_SECRETS_FILE": str(path)}) == b"zz"
     assert wire.key_from_env({"HVDTRAIN_SECRETS_FILE": str(tmp_path / "gone")}) is None
     assert len(wire.new_key()) == 64 and wire.new_key() != wire.new_key()
+
+
+def test_one_datagram_with_a_huge_sequence_number_cannot_silence_a_sender(capsys):
+    """Issue 51: seq 2**64-1 under a rank's sender id (a key holder's) made every later beat of that rank read as
+    replayed, not even logged, and the job ended blaming a healthy rank."""
+    honest = wire.Sender(KEY, wire.PEER, "1.abc")
+    inbox = wire.Inbox(KEY, wire.PEER)
+    assert inbox.open(honest.seal("beat")) is not None
+    assert inbox.open(wire.seal(KEY, wire.PEER, "1.abc", 2 ** 64 - 1, "beat")) is None
+    assert inbox.rejected == {"future": 1} and "(future)" in capsys.readouterr().err
+    # The furthest a forged number may go: the floor rises to this clock at most, and the next beats are above it.
+    assert inbox.open(wire.seal(KEY, wire.PEER, "1.abc", time.time_ns() + wire.WINDOW_NS - 10**9, "beat"))
+    time.sleep(0.01)
+    assert [inbox.open(honest.seal("beat")) is not None for _ in range(3)] == [True, True, True]
+
+
+def test_a_datagram_older_than_the_window_or_seen_before_is_refused_one_unseen_and_late_is_taken():
+    sender = wire.Sender(KEY, wire.PEER, "1.abc")
+    early, late = sender.seal("beat"), sender.seal("beat")
+    inbox = wire.Inbox(KEY, wire.PEER)
+    assert inbox.open(late) is not None and inbox.open(early) is not None   # reordered on the way: both new
+    assert inbox.open(early) is None and inbox.open(late) is None
+    stale = wire.seal(KEY, wire.PEER, "1.abc", sender.seq - wire.WINDOW_NS - 1, "beat")
+    assert inbox.open(stale) is None and inbox.rejected == {"replayed": 3}
+
+
+def test_a_flood_of_numbers_from_a_key_holder_keeps_the_memory_per_sender_bounded():
+    inbox = wire.Inbox(KEY, wire.PEER)
+    base = time.time_ns()
+    for n in range(wire.MAX_SEEN + 500):
+        inbox.open(wire.seal(KEY, wire.PEER, "x", base - n, "b"))
+    assert len(inbox.seen["x"]) <= wire.MAX_SEEN
+
+
+def test_ranks_compare_key_fingerprints_never_keys():
+    assert wire.key_id(KEY) == wire.key_id(KEY) and KEY.decode() not in wire.key_id(KEY)
+    assert wire.key_id(KEY) != wire.key_id(b"j" * 64)

@@ -22,7 +22,8 @@ class Cluster:
     def __init__(self, slots: dict[str, int], min_np: int) -> None:
         self.slots = dict(slots)
         self.driver, _server, _port = horovod_runner.elastic_driver(lambda: dict(self.slots), min_np, 4, timeout=30,
-                                                                    cooldown_range=(600, 600))
+                                                                    cooldown_range=(600, 600), key=b"k" * 64,
+                                                                    host="127.0.0.1")
 
     def start(self, np: int) -> None:
         def worker(_slot_info, events) -> tuple[int, float]:

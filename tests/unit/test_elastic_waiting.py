@@ -61,16 +61,52 @@ def test_the_last_commit_save_never_replaces_an_all_worker_checkpoint(tmp_path):
     assert saved["workers"] == 4
 
 
-def test_the_last_commit_save_leaves_rank_0s_write_in_progress_alone(tmp_path):
-    """Review defect: the survivor's save swept `.ckpt-*.tmp`, deleting rank 0's half-written file."""
+def test_the_last_commit_save_leaves_rank_0s_write_in_progress_alone_and_still_saves(tmp_path):
+    """Review defect: the survivor's save swept `.ckpt-*.tmp`, deleting rank 0's half-written file. Issue 51: it
+    also must not take that file as "saved": rank 0 may be the worker lost mid-write (its temp file stays)."""
     run, _ = survivor(tmp_path)
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     writing = folder / ".ckpt-000000010.pt.tmp"
     writing.write_bytes(b"rank 0 is writing this")
-    run._save_while_waiting("why")
+    assert run._save_while_waiting("why") is True
     assert writing.read_bytes() == b"rank 0 is writing this"
-    assert not (folder / "ckpt-000000010.pt").exists()   # rank 0's rename will put the all-worker one there
+    assert torch.load(folder / "ckpt-000000010.pt", weights_only=True)["workers"] == 1
+
+
+def test_a_claim_or_temp_file_left_by_a_lost_rank_or_a_killed_run_never_reads_as_saved(tmp_path):
+    """Issue 51: a `.last-commit-STEP.claim` held by another rank made survivors answer "saved" with nothing on
+    disk, and the driver ended the job believing the last commit was written."""
+    run, _ = survivor(tmp_path)
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / ".last-commit-000000010.claim").write_bytes(b"")       # the old scheme's claim, never released
+    (folder / ".survivor-ckpt-000000010.pt.tmp").write_bytes(b"half")   # a survivor killed mid-write
+    with run._waiting_for_world():
+        assert run._save_on_request() is True
+    assert torch.load(folder / "ckpt-000000010.pt", weights_only=True)["progress"]["step"] == 10
+
+
+def test_two_survivors_saving_at_once_leave_one_whole_file_and_both_answer_saved(tmp_path):
+    import threading
+
+    runs = [survivor(tmp_path)[0] for _ in range(2)]
+    answers: list[bool] = []
+    go = threading.Barrier(2)
+
+    def save(run: ElasticRun) -> None:
+        go.wait()
+        answers.append(run._save_while_waiting("why"))
+
+    threads = [threading.Thread(target=save, args=(run,)) for run in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    folder = tmp_path / "checkpoints"
+    assert answers == [True, True]
+    assert [f.name for f in folder.iterdir()] == ["ckpt-000000010.pt"]    # no staged file left behind
+    assert torch.load(folder / "ckpt-000000010.pt", weights_only=True)["workers"] == 1
 
 
 def test_the_last_commit_is_saved_when_no_checkpoint_holds_it(tmp_path, capsys):

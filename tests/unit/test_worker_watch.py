@@ -34,17 +34,18 @@ class Job:
     ended: dict[str, int] = field(default_factory=dict)   # host -> exit code its worker thread returned
     sock: socket.socket = field(default_factory=lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
 
-    def beat(self, host: str, body: str = BEAT, key: str | None = None, pid: int = 4242) -> None:
-        sender = control_wire.Sender((key or self.key).encode(), TO_DRIVER, worker_id(host, 0, pid))
+    def beat(self, host: str, body: str = BEAT, key: str | None = None, pid: int = 4242, nonce: str = "a1") -> None:
+        sender = control_wire.Sender((key or self.key).encode(), TO_DRIVER, worker_id(host, 0, pid, nonce))
         self.sock.sendto(sender.seal(body), ("127.0.0.1", self.watch.sock.getsockname()[1]))
 
 
 @pytest.fixture
 def job(monkeypatch) -> Iterator[Job]:
     monkeypatch.setattr(worker_watch, "POLL_S", 0.1)
-    driver, _server, _port = horovod_runner.elastic_driver(lambda: dict(HOSTS), 1, 2, timeout=30,
-                                                           cooldown_range=(600, 600))
     key = control_wire.new_key()
+    driver, _server, _port = horovod_runner.elastic_driver(lambda: dict(HOSTS), 1, 2, timeout=30,
+                                                           cooldown_range=(600, 600), key=key.encode(),
+                                                           host="127.0.0.1")
     found = Job(driver, WorkerWatch(key, SILENCE_S, address="127.0.0.1"), key)
 
     def worker(slot_info, events) -> tuple[int, float]:
@@ -125,7 +126,20 @@ def test_a_dropped_worker_that_speaks_again_is_told_so_sealed_and_by_name(job):
     data, sender = job.sock.recvfrom(MAX_DATAGRAM + 1)
     assert sender == ("127.0.0.1", job.watch.sock.getsockname()[1])
     answer = control_wire.Inbox(job.key.encode(), FROM_DRIVER, {DRIVER_SENDER}, "test").open(data)
-    assert answer is not None and answer.body == dropped_notice(worker_id("hostB", 0, 7))
+    assert answer is not None and answer.body == dropped_notice(worker_id("hostB", 0, 7, "a1"))
+
+
+def test_a_restarted_worker_with_the_dropped_ones_host_slot_and_pid_is_a_new_worker(job):
+    """Issue 51: dropped ids were host/slot/pid, never forgotten; a container restarted on the same host name often
+    gets the same pid, so its first beat was answered "dropped" and the host could never rejoin."""
+    job.beat("hostB", pid=7, nonce="a1")
+    wait_for(lambda: job.watch.lines, 20, what="the drop of hostB")
+    job.driver.record_ready("hostA", 0)
+    job.sock.settimeout(2)
+    job.beat("hostB", pid=7, nonce="b2")    # the same pid, a new process
+    with pytest.raises(socket.timeout):
+        job.sock.recvfrom(MAX_DATAGRAM + 1)  # no "dropped" answer
+    assert job.watch.dropped == {worker_id("hostB", 0, 7, "a1")}
 
 
 def test_a_worker_that_said_goodbye_is_not_dropped_for_its_silence(job):
