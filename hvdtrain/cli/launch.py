@@ -1,9 +1,13 @@
 """`hvdtrain launch [--secrets-dir DIR] [--grace-s N] ARGS...`: horovodrun, with credentials off every command line.
 
-Everything after the optional --secrets-dir and --grace-s goes to horovodrun unchanged. Credential-like variables
-(hvdtrain/launcher/secrets.py) go to the workers in a 0600 file in DIR (default: the launching
-directory, which horovodrun makes every worker's working directory, so it must be visible at the same
-path on every host, as a relative --run-dir must); the file is removed when horovodrun exits.
+Everything after the optional --secrets-dir and --grace-s goes to horovodrun unchanged, but for one thing: each
+worker's command starts through launcher/worker_start.py, which sets, before any user code, the credentials and a
+thread share (below), then execs it (`python -m hvdtrain` starts as it is: it does the same itself).
+Credential-like variables (hvdtrain/launcher/secrets.py) go to the workers in a 0600 file in DIR (default: the
+launching directory, which horovodrun makes every worker's working directory, so it must be visible at the same
+path on every host, as a relative --run-dir must), and from there into each worker's environment, whatever program
+it runs; the file is removed when horovodrun exits. Without OMP_NUM_THREADS or MKL_NUM_THREADS, each worker gets
+its host's cores // the workers on that host in both (rank 0 says so in one line).
 An elastic job (--min-np or --host-discovery-script) ends with a one-line error naming the lost
 hosts when it has had fewer than --min-np slots for --start-timeout seconds (launcher/elastic_driver.py).
 Its workers' heartbeats to that driver are sealed with a fresh per-job key, which travels in the same 0600
@@ -15,15 +19,19 @@ races could hold the job for the whole grace or report a stopped job's exit as 0
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
 from hvdtrain.errors import UserError
 from hvdtrain.launcher.grace import GRACE_ENV, grace_s
+from hvdtrain.launcher.worker_start import command_prefix
 
 ELASTIC_FLAGS = ("--min-np", "--host-discovery-script")
 
@@ -50,6 +58,7 @@ def main(args: list[str]) -> int:
     from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV, new_key
     from hvdtrain.distributed.settings import mpirun_defaults
     from hvdtrain.launcher.horovodrun import remove_quietly, worker_env
+    from hvdtrain.launcher.secrets import split_env
     from hvdtrain.output.console import console
 
     if not args:
@@ -59,13 +68,21 @@ def main(args: list[str]) -> int:
         parser().print_help()
         return 0
     secrets_dir, grace, args = _own_options(args)
+    command = worker_command(args)
+    if isinstance(command, int):
+        return command   # horovodrun's --help, --version or --check-build, answered
+    if not is_hvdtrain_cli(command):
+        args = with_worker_start(args, command, command_prefix())
     elastic = is_elastic(args)
     if grace and elastic:
         raise UserError("launch: --grace-s (HVDTRAIN_GRACE_S) is not supported for elastic jobs yet: Horovod's "
                         "elastic driver stops its workers on its own terms")
-    # The elastic driver and its workers authenticate their heartbeats with this key: a credential, so it goes
-    # in the secrets file. (A non-elastic job's peer watch agrees its key over Horovod itself.)
-    job_env = {**os.environ, CONTROL_KEY_ENV: new_key()} if elastic else dict(os.environ)
+    # The elastic driver and its workers authenticate their heartbeats and rendezvous registrations with this key:
+    # a credential, so it goes in the secrets file. A non-elastic job's peer watch uses it too whenever there is a
+    # secrets file anyway; else (the file may not reach other hosts) its ranks agree one over Horovod itself.
+    job_env = dict(os.environ)
+    if elastic or split_env(job_env)[1]:
+        job_env[CONTROL_KEY_ENV] = new_key()
     if grace:
         job_env[GRACE_ENV] = grace
     env, secrets_file, names = worker_env(job_env, secrets_dir)
@@ -77,8 +94,8 @@ def main(args: list[str]) -> int:
     try:
         # An elastic job runs horovodrun in a child Python that also bounds the time below --min-np. Any other
         # runs it in a Python that sets the grace and hvdtrain's stop of a worker first (launcher/grace.py).
-        command = [sys.executable, "-m", "hvdtrain.launcher.elastic_driver" if elastic else "hvdtrain.launcher.grace"]
-        proc = subprocess.Popen([*command, *args], env=env)
+        runner = [sys.executable, "-m", "hvdtrain.launcher.elastic_driver" if elastic else "hvdtrain.launcher.grace"]
+        proc = subprocess.Popen([*runner, *args], env=env)
         # horovodrun passes SIGTERM on to its workers; Ctrl-C reaches it directly (same process group).
         # A hangup stops the job the same way: left to its default, SIGHUP would end this process before
         # the `finally` that removes the secrets file.
@@ -91,6 +108,52 @@ def main(args: list[str]) -> int:
                 continue  # horovodrun got the same SIGINT and stops its workers; wait for it
     finally:
         remove_quietly(secrets_file)
+
+
+def worker_command(args: list[str]) -> list[str] | int:
+    """The command horovodrun `args` runs on each worker, as horovodrun's own parser finds it ([] where it finds
+    none or refuses `args`: horovodrun, run next, reports that itself); an exit code where the parser answered
+    alone (--help, --version, --check-build), its output printed here."""
+    from hvdtrain.distributed.horovod_runner import horovodrun_args
+
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # deprecated options: horovodrun warns about them itself
+            return list(horovodrun_args(args).command or [])
+    except SystemExit as done:
+        if done.code in (0, None):
+            sys.stdout.write(out.getvalue())
+            sys.stderr.write(err.getvalue())
+            return 0
+        return []
+    except Exception:   # e.g. a --config-file it cannot read: horovodrun's own run says so
+        return []
+
+
+def is_hvdtrain_cli(command: list[str]) -> bool:
+    """`python -m hvdtrain ...` or `hvdtrain ...`: the CLI loads the secrets file itself, with the same function
+    (cli/main.py), and its Trainer sets its threads (--threads), so it starts as it is.
+
+    Example:
+        >>> is_hvdtrain_cli(["/venv/bin/python3", "-m", "hvdtrain", "--epochs", "2"]), is_hvdtrain_cli(["python", "x"])
+        (True, False)
+    """
+    first = Path(command[0]).name if command else ""
+    return first == "hvdtrain" or (first.startswith("python") and command[1:3] == ["-m", "hvdtrain"])
+
+
+def with_worker_start(args: list[str], command: list[str], prefix: list[str]) -> list[str]:
+    """horovodrun's `args` with `prefix` in front of the worker `command` (their tail), so every worker starts
+    through launcher/worker_start.py; `args` unchanged where there is no such tail.
+
+    Example:
+        >>> with_worker_start(["-np", "2", "--gloo", "python", "t.py", "-v"], ["python", "t.py", "-v"], ["START"])
+        ['-np', '2', '--gloo', 'START', 'python', 't.py', '-v']
+    """
+    if not command or args[len(args) - len(command):] != command:
+        return args
+    return [*args[:len(args) - len(command)], *prefix, *command]
 
 
 def _own_options(args: list[str]) -> tuple[Path, str, list[str]]:

@@ -33,10 +33,9 @@ def _take_secrets() -> None:
     import os
 
     from hvdtrain.environment.process import is_rank_zero
-    from hvdtrain.launcher.secrets import leak_warning, load_secrets_file
+    from hvdtrain.launcher.worker_start import take_secrets
 
-    loaded = load_secrets_file()
-    warning = leak_warning(os.environ, loaded)
+    warning = take_secrets(os.environ)   # as every worker of `hvdtrain launch` does before its command
     if warning and is_rank_zero():  # once per job, not once per worker: Horovod is not up yet, the launcher says
         print(f"hvdtrain: {warning}", file=sys.stderr, flush=True)
 
