@@ -2,28 +2,84 @@
 
 A URL with a password in its userinfo (`MLFLOW_TRACKING_URI=http://user:pw@host`, DATABASE_URL, HTTPS_PROXY),
 a connection string with an AccountKey / Password / SharedAccessSignature (Azure storage, ODBC, Service
-Bus, SAS query strings), or a token with a well-known prefix (ghp_, hf_, sk-, xoxb-, AKIA...). The launchers
-keep such values off command lines (launcher/secrets.py); `redact()` writes them as `user:***@` / `***`
-wherever hvdtrain shows or stores text that may hold them (run folders, MLflow / W&B params and tags,
-warning lines).
+Bus, SAS query strings), a URL's `token=` / `api_key=` / `X-Amz-Signature=` query parameter, an
+`Authorization: Bearer ...` header, a `NAME=value` whose name says credential (`WANDB_API_KEY=...`), a PEM
+private key, a Slack or Discord webhook URL, or a token with a well-known prefix (ghp_, hf_, sk-, xoxb-, AKIA,
+dapi, sk_live_, ya29., SG....). The launchers keep such values off command lines (launcher/secrets.py);
+`redact()` writes them as `user:***@` / `***` wherever hvdtrain shows or stores text that may hold them (run
+folders, MLflow / W&B params and tags, warning lines).
+
+A bare 40-hex value is not a credential by its shape: a W&B API key is one, but so is every git commit id
+(CI's GIT_COMMIT / GITHUB_SHA, a tracker's source-commit tag), and masking those would hide which code ran.
+A W&B key is recognised by its context instead: its variable's name (WANDB_API_KEY, launcher/secrets.py),
+`WANDB_API_KEY=<key>` or `api_key=<key>` in text, `password <key>` in a netrc line, an Authorization header.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
-# scheme://user:password@ (the password may be empty only if there is a colon: `user:@` is still redacted).
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:?#]*):(?P<secret>[^\s/@?#]*)@")
-# Connection strings (Azure, ODBC, Service Bus) and SAS query strings: the value up to ; & or whitespace.
-_KEYED_SECRET = re.compile(r"(?i)(?P<head>(?:^|[;?&\s])(?:AccountKey|SharedAccessKey|SharedAccessSignature|"
-                           r"Password|Pwd|sig)=)(?P<secret>[^;&\s]+)")
-# Tokens whose prefix names their issuer (GitHub, Hugging Face, OpenAI/Anthropic, Slack, AWS access key ids,
-# GitLab, Google API keys, npm, PyPI, JWTs). Long enough after the prefix that ordinary words do not match.
-_TOKEN = re.compile(r"(?<![A-Za-z0-9_-])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
-                    r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|xox[abposre]-[A-Za-z0-9-]{10,}|"
-                    r"(?:AKIA|ASIA)[A-Z0-9]{16}|glpat-[A-Za-z0-9_-]{20,}|AIza[0-9A-Za-z_-]{35}|"
-                    r"npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|"
-                    r"eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]*)(?![A-Za-z0-9_-])")
 MASK = "***"
+
+# A value that is a shell reference or a template is not the secret itself: `Password=$DB_PASSWORD`.
+_VALUE = r"(?:'[^']*'|\"[^\"]*\"|\{[^}]*\}|(?!\$)[^;&\s]+)"
+# scheme://user:password@host. The password may hold a raw '@' (user:p@ss@host): the match runs to the last
+# '@' before the host's '/', '?', '#' or whitespace, so none of it is left. An empty password (`user:@`) too.
+_URL_PASSWORD = re.compile(r"(?P<head>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:?#]*:)"
+                           r"(?P<secret>[^\s/?#]*)(?=@)")
+# Connection strings (Azure, ODBC, Service Bus), SAS / presigned (S3, GCS, CloudFront) URLs and OAuth-style
+# query parameters: the value only, after one of ; ? & , ( - or whitespace.
+_KEYED_SECRET = re.compile(r"(?i)(?P<head>(?:^|[;?&\s,(-])(?:AccountKey|SharedAccessKey|SharedAccessSignature|"
+                           r"Password|Pwd|sig|Signature|token|access_token|refresh_token|id_token|auth_token|"
+                           r"private_token|api_key|apikey|api-key|client_secret|secret|X-Amz-Signature|"
+                           r"X-Amz-Security-Token|X-Amz-Credential|X-Goog-Signature|X-Goog-Credential)=)"
+                           rf"(?P<secret>{_VALUE})")
+# NAME=value where the name ends as a credential's does (`env WANDB_API_KEY=... MYSQL_PWD=...` quoted in an
+# error, `-Dsome.password=...`): the value only. Ends, not words, so max_tokens= or tokenizer= stay as they are.
+# (HTTP_AUTHORIZATION= is the header's rule: its value has a space.)
+_NAMED_SECRET = re.compile(r"(?i)(?P<head>(?<![\w.-])[\w.-]*?(?:api_?key|access_?key|secret_?key|private_?key|"
+                           r"token|secret|password|passwd|passphrase|_pwd|_pass|_auth)=)"
+                           rf"(?P<secret>{_VALUE})")
+# An HTTP header (`Authorization: Bearer ...`, `{'Authorization': 'Basic ...'}`, `-H "Proxy-Authorization: ..."`,
+# `HTTP_AUTHORIZATION=...`): everything after the scheme word to the end of the line or quote.
+_AUTH_HEADER = re.compile(r"(?P<head>(?<![A-Za-z0-9])(?i:(?:Proxy-)?Authorization)['\"]?\s*[:=]\s*['\"]?"
+                          r"(?:(?i:Bearer|Basic|Token|Bot|Digest|Negotiate|NTLM|ApiKey|AWS4-HMAC-SHA256)\s+)?)"
+                          r"(?P<secret>(?!\$)[^'\"\r\n]+)")
+# `Bearer <token>` / `Basic <base64>` without the header's name: 8+ characters with a digit or a lowercase
+# letter followed by a capital (base64), so prose such as "Basic authentication" or "Bearer Token" stays.
+# (Possessive runs: linear in the token's length, whatever it is.)
+_BEARER = re.compile(r"(?P<head>(?<![\w-])(?i:Bearer|Basic)\s+)"
+                     r"(?P<secret>(?=[A-Za-z_.~+/-]*+[0-9]|[A-Z0-9_.~+/-]*+[a-z][a-z0-9_.~+/-]*+[A-Z])"
+                     r"[A-Za-z0-9_.~+/-]{8,}=*)")
+# A netrc entry (`machine api.wandb.ai login user password <key>`, one line or one key per line).
+_NETRC = re.compile(r"(?im)(?P<head>(?:\blogin\s+\S+\s+|^\s*)password\s+)(?P<secret>\S+)")
+# Webhook URLs carry their secret in the path.
+_WEBHOOK = re.compile(r"(?P<head>\bhooks\.slack\.com/(?:services|workflows|triggers)/|"
+                      r"\bdiscord(?:app)?\.com/api/webhooks/)(?P<secret>[A-Za-z0-9/_-]+)")
+# The whole block, BEGIN line to END line (or to the end of a text cut before it).
+_PEM_KEY = re.compile(r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+                      r"(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|.*\Z)", re.S)
+# Tokens whose prefix names their issuer (GitHub, Hugging Face, OpenAI/Anthropic, Slack bot/user/app, AWS access
+# key ids, GitLab, Google API keys and OAuth access tokens, npm, PyPI, Databricks, Stripe, SendGrid, JWTs).
+# Long enough after the prefix that ordinary words do not match.
+_TOKEN = re.compile(r"(?<![A-Za-z0-9_-])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
+                    r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|(?:xox[abposre]|xapp)-[A-Za-z0-9-]{10,}|"
+                    r"(?:AKIA|ASIA)[A-Z0-9]{16}|glpat-[A-Za-z0-9_-]{20,}|AIza[0-9A-Za-z_-]{35}|"
+                    r"ya29\.[A-Za-z0-9._-]{20,}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|"
+                    r"dapi[0-9a-f]{32}(?:-[0-9]+)?|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}|whsec_[A-Za-z0-9]{20,}|"
+                    r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}|"
+                    r"eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]*)(?![A-Za-z0-9_-])")
+
+
+def _keep_head(match: re.Match[str]) -> str:
+    return f"{match['head']}{MASK}"
+
+
+# In this order: a PEM block whole before its lines are looked at; a header before the Bearer rule sees it.
+_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+    (_PEM_KEY, MASK), (_AUTH_HEADER, _keep_head), (_BEARER, _keep_head), (_URL_PASSWORD, _keep_head),
+    (_KEYED_SECRET, _keep_head), (_NAMED_SECRET, _keep_head), (_NETRC, _keep_head), (_WEBHOOK, _keep_head),
+    (_TOKEN, MASK))
 
 
 def looks_secret(value: str) -> bool:
@@ -33,19 +89,23 @@ def looks_secret(value: str) -> bool:
         >>> looks_secret("http://user:pw@mlflow:5000"), looks_secret("http://mlflow:5000")
         (True, False)
     """
-    return bool(_URL_PASSWORD.search(value) or _KEYED_SECRET.search(value) or _TOKEN.search(value))
+    return any(pattern.search(value) for pattern, _ in _RULES)
 
 
 def redact(text: str) -> str:
     """`text` with every credential-shaped part masked: `scheme://user:***@host`, `AccountKey=***`, `***`.
 
     For whatever hvdtrain writes or shows that may hold a URI or a user's value: run folder files, tracker
-    params and tags, warning lines. Text without such parts comes back unchanged.
+    params and tags, warning lines. Text without such parts comes back unchanged, and redacting twice
+    changes nothing more. Redact before cutting a value short: a cut URI may have lost the '@' that shows
+    where its password ends.
 
     Example:
         >>> redact("http://alice:s3cret@mlflow:5000/api")
         'http://alice:***@mlflow:5000/api'
+        >>> redact("curl -H 'Authorization: Bearer abc123' https://h/x?api_key=k3y&page=2")
+        "curl -H 'Authorization: Bearer ***' https://h/x?api_key=***&page=2"
     """
-    text = _URL_PASSWORD.sub(lambda m: f"{m['head']}:{MASK}@", text)
-    text = _KEYED_SECRET.sub(lambda m: f"{m['head']}{MASK}", text)
-    return _TOKEN.sub(MASK, text)
+    for pattern, replacement in _RULES:
+        text = pattern.sub(replacement, text)
+    return text

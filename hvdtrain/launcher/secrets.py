@@ -31,13 +31,20 @@ SECRETS_FILE_ENV = "HVDTRAIN_SECRETS_FILE"
 _PREFIX = ".hvdtrain-secrets-"
 # Whole words of a variable's name (split at '_'), so KEYBOARD, MONKEY or TOKENIZERS_PARALLELISM do not match.
 CREDENTIAL_WORDS = frozenset({"TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE",
-                              "CREDENTIAL", "CREDENTIALS", "KEY", "KEYS", "APIKEY", "PAT", "COOKIE"})
+                              "CREDENTIAL", "CREDENTIALS", "KEY", "KEYS", "APIKEY", "PAT", "COOKIE", "JWT",
+                              "AUTHORIZATION", "WEBHOOK", "WEBHOOKS", "NETRC"})
 # Long enough to match at the end of a word too (PGPASSWORD, GHTOKEN); KEY is not (MONKEY, HOTKEY).
-CREDENTIAL_ENDINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIALS", "APIKEY")
+CREDENTIAL_ENDINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIALS", "APIKEY", "WEBHOOK")
+# Short words that name a credential only as the last word of a longer name: MYSQL_PWD, DB_PASS, HTTP_AUTH; not
+# the shell's PWD (its current directory) or OLDPWD, nor PASS_THROUGH, SSH_AUTH_SOCK or AUTH_URL.
+CREDENTIAL_LAST_WORDS = frozenset({"PWD", "PASS", "AUTH"})
+# Whole names that hold a credential but match no word rule (GitLab CI's registry logins, JSON).
+CREDENTIAL_NAMES = frozenset({"DOCKER_AUTH_CONFIG"})
 # Every AWS_* is treated as one (AWS_SESSION_TOKEN, AWS_SECRET_ACCESS_KEY, ...) but its plain settings.
 CREDENTIAL_PREFIXES = ("AWS_",)
 AWS_SETTINGS = frozenset({"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_CONFIG_FILE",
-                          "AWS_DEFAULT_OUTPUT", "AWS_ENDPOINT_URL"})
+                          "AWS_DEFAULT_OUTPUT", "AWS_ENDPOINT_URL", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE",
+                          "AWS_STS_REGIONAL_ENDPOINTS", "AWS_SDK_LOAD_CONFIG", "AWS_EC2_METADATA_DISABLED"})
 # Variables the workers need by name, never secret themselves: Horovod's own (its secret key it never
 # forwards) and the path of our file.
 NEVER = frozenset({SECRETS_FILE_ENV})
@@ -53,6 +60,8 @@ def is_credential(name: str, value: str | None = None) -> bool:
     Example:
         >>> [is_credential(n) for n in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SESSION_ID", "KEYBOARD", "AWS_REGION")]
         [True, True, True, False, False]
+        >>> [is_credential(n) for n in ("MYSQL_PWD", "DB_PASS", "HTTP_AUTH", "PWD", "OLDPWD", "SSH_AUTH_SOCK")]
+        [True, True, True, False, False, False]
         >>> [is_credential("MLFLOW_TRACKING_URI", v) for v in ("http://u:pw@mlflow", "http://mlflow")]
         [True, False]
     """
@@ -62,7 +71,8 @@ def is_credential(name: str, value: str | None = None) -> bool:
     if upper in NEVER or upper in AWS_SETTINGS or upper.startswith("HOROVOD_"):
         return False
     words = upper.split("_")
-    return (upper.startswith(CREDENTIAL_PREFIXES) or not CREDENTIAL_WORDS.isdisjoint(words)
+    return (upper in CREDENTIAL_NAMES or upper.startswith(CREDENTIAL_PREFIXES)
+            or not CREDENTIAL_WORDS.isdisjoint(words) or (len(words) > 1 and words[-1] in CREDENTIAL_LAST_WORDS)
             or any(word.endswith(CREDENTIAL_ENDINGS) for word in words))
 
 

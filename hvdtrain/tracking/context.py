@@ -9,6 +9,7 @@ from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.environment import process
+from hvdtrain.environment.credentials import redact
 
 # Keys of a metrics record that place it (they are the step axis, not a curve of their own).
 PLACE_KEYS = ("kind", "epoch", "step", "time")
@@ -41,9 +42,23 @@ def embedded_store(run_dir: Path) -> str:
 
 
 def params(config: TrainConfig, tracker: str) -> dict[str, str]:
-    """The resolved config, every key, as the strings a tracker stores (`tracking` as resolved)."""
+    """The resolved config, every key, as the strings a tracker stores (`tracking` as resolved), redacted.
+
+    Redacted before they are cut to MLflow's length: a URI cut between its password and the '@' no longer
+    shows where the password ends, and its start would be stored.
+    """
     values = {**config.to_dict(), "tracking": tracker}
-    return {key: str(value)[:MAX_PARAM_CHARS] for key, value in values.items()}
+    return {key: param_value(value) for key, value in values.items()}
+
+
+def param_value(value: object) -> str:
+    """A value as a tracker may store it: redacted first, then cut to MLflow's length (in that order).
+
+    Example:
+        >>> param_value("postgresql://app:" + "x" * 6000 + "@db/runs")
+        'postgresql://app:***@db/runs'
+    """
+    return redact(str(value))[:MAX_PARAM_CHARS]
 
 
 def _version(package: str) -> str:
@@ -54,7 +69,11 @@ def _version(package: str) -> str:
 
 
 def tags(run_dir: Path, config: TrainConfig, *, backend: str = "", device: str = "") -> dict[str, str]:
-    """Versions and the job's shape. `backend`/`device` come from the trainer when it knows them."""
+    """Versions and the job's shape, redacted. `backend`/`device` come from the trainer when it knows them.
+
+    No tag holds a git commit id today; one would be kept: a bare 40-hex value is not redacted
+    (environment/credentials.py says why).
+    """
     import torch
 
     me = process.current()
@@ -64,10 +83,11 @@ def tags(run_dir: Path, config: TrainConfig, *, backend: str = "", device: str =
                    else "MPI" if launched and launched.launcher in ("openmpi", "mpich", "pmix") else "unknown")
     if not device:  # the trainer's rule (train/device.py): auto is CUDA when torch sees a GPU
         device = "cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu"
-    return {"hvdtrain.version": _version("hvdtrain"), "horovod.version": _version("horovod"),
-            "torch.version": torch.__version__, "backend": backend, "workers": str(me.size),
-            "hosts": str(-(-me.size // max(1, me.local_size))), "device": device,
-            "run_dir": str(run_dir.resolve())}
+    found = {"hvdtrain.version": _version("hvdtrain"), "horovod.version": _version("horovod"),
+             "torch.version": torch.__version__, "backend": backend, "workers": str(me.size),
+             "hosts": str(-(-me.size // max(1, me.local_size))), "device": device,
+             "run_dir": str(run_dir.resolve())}
+    return {key: redact(value) for key, value in found.items()}
 
 
 def metrics(record: Mapping[str, Any]) -> tuple[int, dict[str, float]]:

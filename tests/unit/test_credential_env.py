@@ -25,12 +25,30 @@ CREDENTIALS = ["HF_TOKEN", "GITHUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_K
                "AWS_SESSION_ID", "DB_PASSWORD", "PGPASSWORD", "ghtoken", "MY_SECRET", "GOOGLE_APPLICATION_CREDENTIALS",
                "OPENAI_APIKEY", "GITHUB_PAT", "ssh_key_passphrase", "HVDTRAIN_TEST_SECRET_TOKEN", "SECRET",
                # experiment trackers' (issue 27): never on a Gloo worker's command line
-               "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD"]
+               "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD",
+               # issue 51 item 7: missed by name before
+               "MYSQL_PWD", "DB_PASS", "REDIS_PASS", "AUTHORIZATION", "HTTP_AUTH", "DOCKER_AUTH_CONFIG",
+               "SLACK_WEBHOOK_URL", "NETRC", "HTTP_AUTHORIZATION", "DISCORD_WEBHOOK", "SMTP_PASS", "NPM_CONFIG__AUTH",
+               "CI_JOB_JWT", "mysql_pwd"]
 NOT_CREDENTIALS = ["PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME", "KEYBOARD", "MONKEY_COUNT",
-                   "TOKENIZERS_PARALLELISM", "PWD", "HOROVOD_SECRET_KEY", "HOROVOD_GLOO_TIMEOUT_SECONDS",
+                   "TOKENIZERS_PARALLELISM", "PWD", "OLDPWD", "HOROVOD_SECRET_KEY", "HOROVOD_GLOO_TIMEOUT_SECONDS",
                    SECRETS_FILE_ENV, "OMP_NUM_THREADS", "KEYCLOAK_URL", "PASSAGE_LIMIT",
                    "AWS_REGION", "AWS_CA_BUNDLE", "AWS_PROFILE", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
-                   "WANDB_MODE"]
+                   "WANDB_MODE",
+                   # issue 51 item 7: the new word rules leave these alone
+                   "PASSTHROUGH", "PASS_THROUGH", "BYPASS_CACHE", "COMPASS_URL", "PASSAGE", "SSH_AUTH_SOCK",
+                   "AUTH_URL", "AUTH_TYPE", "OAUTH_CLIENT_ID", "AUTHOR", "GIT_AUTHOR_NAME", "WEBHOOKING_DISABLED",
+                   "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "HOROVOD_FUSION_THRESHOLD",
+                   "HOROVOD_GLOO_IFACE",
+                   "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "AWS_DEFAULT_REGION", "AWS_RETRY_MODE",
+                   "AWS_MAX_ATTEMPTS", "AWS_STS_REGIONAL_ENDPOINTS", "GIT_COMMIT", "GITHUB_SHA", "CI_COMMIT_SHA",
+                   "KEYTAB_DIR", "PWD_HISTORY"]
+# Values a plain setting may hold: the value rules must not turn these variables into credentials either.
+PUBLIC_SETTINGS = {"PWD": "/home/alice/project", "OLDPWD": "/home/alice",
+                   "GIT_COMMIT": "9fceb02d0ae598e95dc970b74767f19372d61af8",
+                   "MLFLOW_TRACKING_URI": "http://mlflow.internal:5000", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1",
+                   "NCCL_SOCKET_IFNAME": "^lo,docker0", "TOKENIZERS_PARALLELISM": "false", "AWS_REGION": "us-east-1",
+                   "PIP_INDEX_URL": "https://pypi.internal/simple", "OMP_NUM_THREADS": "4"}
 
 
 @pytest.mark.parametrize("name", CREDENTIALS)
@@ -41,6 +59,13 @@ def test_credential_names_are_recognised(name):
 @pytest.mark.parametrize("name", NOT_CREDENTIALS)
 def test_ordinary_names_are_not(name):
     assert not is_credential(name)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_SETTINGS))
+def test_ordinary_settings_stay_public_with_their_usual_values(name):
+    assert not is_credential(name, PUBLIC_SETTINGS[name])
+    public, secret = split_env(PUBLIC_SETTINGS)
+    assert secret == {} and public.keys() == PUBLIC_SETTINGS.keys() - {"OLDPWD"}   # OLDPWD: the launcher's own
 
 
 def test_split_keeps_ordinary_variables_moves_credentials_and_drops_the_launchers_own():
