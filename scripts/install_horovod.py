@@ -173,10 +173,11 @@ def series(patch_dir: Path = PATCH_DIR) -> list[Path]:
 
 
 def series_hash(patch_dir: Path = PATCH_DIR) -> str:
-    """A digest of the series (names and bytes, in order): part of the wheel cache key."""
+    """A digest of what the series changes (each patch's diff, in order; not its header, which only explains):
+    part of the wheel cache key."""
     digest = hashlib.sha256()
     for path in series(patch_dir):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(path.read_bytes().split(b"\n---\n", 1)[-1] + b"\0")
     return digest.hexdigest()[:10]
 
 
@@ -223,6 +224,14 @@ def apply_series(src_dir: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
                                f"{detail[-1] if detail else 'patch failed'}")
         applied.append(path.name)
     return applied
+
+
+def stamp_patch_set(src_dir: Path, digest: str = PATCH_SET_HASH) -> None:
+    """Record the patch set in the package (horovod.hvdtrain_patches.PATCH_SET), so an installed Horovod built before
+    a patch changed is found out and rebuilt (installed_matches)."""
+    (src_dir / "horovod" / "hvdtrain_patches.py").write_text(
+        f'"""Written by hvdtrain\'s scripts/install_horovod.py: the digest of the patch set this build carries."""\n'
+        f"PATCH_SET = {digest!r}\n")
 
 
 def apply_gcc13_fix(src_dir: Path) -> bool:
@@ -558,8 +567,8 @@ def verify(python: str, expected: tuple[str, ...] = EXPECTED_BUILD) -> str:
 
 def installed_matches(python: str, torch_version: str) -> bool:
     """Horovod HOROVOD_VERSION is installed, imports, carries hvdtrain's patches (the bfloat16 binding; the idle-cycle
-    and exchange-allreduce variables' names compiled into the extension: a wheel built before one landed must be
-    rebuilt), and was built against this very torch: its metadata.json names the torch it was compiled with (a
+    and exchange-allreduce variables' names compiled into the extension; the digest of this very patch set: a wheel
+    built before one changed must be rebuilt), and was built against this very torch: its metadata.json names the torch it was compiled with (a
     torch upgrade or a CPU/CUDA switch must rebuild it)."""
     code = ("import horovod, horovod.torch, horovod.torch.mpi_lib_v2 as lib, json, os, torch; "
             f"assert horovod.__version__ == {HOROVOD_VERSION!r}; "
@@ -568,7 +577,9 @@ def installed_matches(python: str, torch_version: str) -> bool:
             f"assert {IDLE_ENV.encode()!r} in lib_bytes and {EXCHANGE_ENV.encode()!r} in lib_bytes; "
             f"assert torch.__version__ == {torch_version!r}; "
             "meta = json.load(open(os.path.join(os.path.dirname(horovod.__file__), 'metadata.json'))); "
-            f"assert meta.get('pytorch') == {torch_version!r}")
+            f"assert meta.get('pytorch') == {torch_version!r}; "
+            "import horovod.hvdtrain_patches as stamp; "
+            f"assert stamp.PATCH_SET == {PATCH_SET_HASH!r}")
     return run([python, "-c", code]).returncode == 0
 
 
@@ -656,6 +667,7 @@ def install(python: str, cache_root: Path, force: bool, use_apt: bool = True, te
         apply_bf16(src)
         apply_perf(src)
         apply_series(src)
+        stamp_patch_set(src)
         if needs_cxx17(torch_version):
             apply_cxx17_fix(src)
             standard = torch_cxx_standard(python)

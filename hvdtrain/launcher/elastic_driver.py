@@ -35,8 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.distributed import control_wire, horovod_runner
-from hvdtrain.launcher.rendezvous_auth import RefusedRequests
+from hvdtrain.distributed import control_wire, horovod_rendezvous, horovod_runner
+from hvdtrain.distributed.rendezvous_auth import RefusedRequests
 from hvdtrain.launcher.worker_watch import WorkerWatch, interface_address
 
 WAIT_ENV = "HVDTRAIN_ELASTIC_WAIT_S"
@@ -185,7 +185,7 @@ def main(argv: list[str]) -> int:
     refused = RefusedRequests("the elastic rendezvous")
     bind = interface_address(args.nics)
     try:
-        with horovod_runner.horovodrun_rendezvous_guarded(key, "" if bind == "0.0.0.0" else bind, refused), \
+        with horovod_rendezvous.horovodrun_rendezvous_guarded(key, "" if bind == "0.0.0.0" else bind, refused), \
                 horovod_runner.driver_created(watch):
             horovod_runner.horovodrun_run(args)
     except RuntimeError as err:

@@ -63,7 +63,19 @@ if __name__ in ("__main__", "__mp_main__"):   # horovodrun's process, and each s
     install()
 
 if __name__ == "__main__":
-    from hvdtrain.distributed import horovod_runner
+    import os
+
+    from hvdtrain.distributed import control_wire, horovod_rendezvous, horovod_runner
+    from hvdtrain.distributed.rendezvous_auth import RefusedRequests
 
     sys.argv[0] = "horovodrun"
-    sys.exit(horovod_runner.run_commandline())
+    # Gloo's rendezvous behind hvdtrain's checks: with the job's key where `hvdtrain launch` delivered one (its
+    # workers' Horovod then sends the key's token), else bounded bodies only.
+    key = control_wire.key_from_env(os.environ)
+    refused = RefusedRequests("the Gloo rendezvous")
+    try:
+        with horovod_rendezvous.horovodrun_rendezvous_guarded(key, "", refused):
+            code = horovod_runner.run_commandline()
+    finally:
+        refused.summary()
+    sys.exit(code)

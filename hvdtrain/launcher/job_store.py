@@ -38,8 +38,8 @@ from typing import Any
 import cloudpickle
 
 from hvdtrain.distributed import horovod_runner
+from hvdtrain.distributed.rendezvous_auth import safe_text
 from hvdtrain.errors import LaunchError
-from hvdtrain.launcher.rendezvous_auth import safe_text
 from hvdtrain.launcher.sealed import RESULT_AUTH_HEADER, result_purpose, result_token, unseal
 
 JOB_PATH = "/runfunc/func"

@@ -14,7 +14,9 @@ from typing import Any
 import cloudpickle
 
 from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.distributed import horovod_runner
+from hvdtrain.distributed import control_wire, horovod_rendezvous, horovod_runner
+from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV
+from hvdtrain.distributed.rendezvous_auth import RefusedRequests
 from hvdtrain.errors import LaunchError, WorkerError
 from hvdtrain.launcher.guard import (
     Guarded,
@@ -28,7 +30,7 @@ from hvdtrain.launcher.horovodrun import remove_quietly
 from hvdtrain.launcher.job_store import JobStore, serving
 from hvdtrain.launcher.main_guard import check_main_guard
 from hvdtrain.launcher.sealed import KEY_VAR, SealedJob, new_key, seal
-from hvdtrain.launcher.secrets import split_env, write_secrets_file
+from hvdtrain.launcher.secrets import SECRETS_FILE_ENV, split_env, write_secrets_file
 
 
 def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int = 2, hosts: str | None = None,
@@ -82,12 +84,20 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
     # Horovod carries the job and the results through an unauthenticated HTTP store: both go sealed with a
     # key of this launch, which reaches the workers in a 0600 file, never over the network (job_store.py).
     key = new_key()
+    # In the same file, the job's control key: Horovod's Gloo rendezvous then takes requests only from the workers
+    # (their Horovod reads the file named by SECRETS_FILE_ENV; Horovod patch 0001), and the peer watch needs no key
+    # sent between the ranks.
+    control_key = control_wire.new_key()
     folder = Path(secrets_dir) if secrets_dir else Path(tempfile.gettempdir() if localhost else os.getcwd())
-    key_file = write_secrets_file({KEY_VAR: key.hex()}, folder.resolve())
+    key_file = write_secrets_file({KEY_VAR: key.hex(), CONTROL_KEY_ENV: control_key}, folder.resolve())
     job = SealedJob(str(key_file), seal(key, "job", cloudpickle.dumps(Guarded(fn, args, kwargs, secrets))))
-    store = JobStore(codec_body(job), key, np, host=_listen_address(network_interfaces))
+    address = _listen_address(network_interfaces)
+    store = JobStore(codec_body(job), key, np, host=address)
+    refused = RefusedRequests("launch(): the Gloo rendezvous")
+    worker_environ = {**public, "PYTHONPATH": pythonpath, SECRETS_FILE_ENV: str(key_file)}
     try:
-        with serving(store), patched_environ({**public, "PYTHONPATH": pythonpath}, drop=set(os.environ) - set(public)):
+        with serving(store), patched_environ(worker_environ, drop=set(os.environ) - set(public)), \
+                horovod_rendezvous.horovodrun_rendezvous_guarded(control_key.encode(), address, refused):
             results = horovod_runner.run(job, num_proc=np, hosts=hosts, use_gloo=not use_mpi, use_mpi=use_mpi,
                                          network_interfaces=network_interfaces, start_timeout=start_timeout,
                                          disable_cache=True)
@@ -96,6 +106,7 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
     finally:
         store.shutdown_server()
         remove_quietly(key_file)
+        refused.summary()
     return rank0_result(results, all_ranks)
 
 

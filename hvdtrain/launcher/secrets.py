@@ -113,9 +113,15 @@ def remove_leftovers(folder: Path) -> list[Path]:
     removed = []
     for path in folder.glob(f"{_PREFIX}{socket.gethostname()}-*-*.env"):
         pid = path.name[len(_PREFIX) + len(socket.gethostname()) + 1:].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            path.unlink(missing_ok=True)
-            removed.append(path)
+        try:
+            # Another user's file (a shared /tmp, sticky) is theirs to remove: unlinking it would fail, and
+            # a file planted under our name pattern must not stop our launch.
+            if path.lstat().st_uid != os.getuid() or not pid.isdigit() or _alive(int(pid)):
+                continue
+            path.unlink()
+        except OSError:
+            continue   # gone meanwhile, or not ours to remove
+        removed.append(path)
     return removed
 
 

@@ -11,7 +11,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from hvdtrain.cluster.slurm_gloo import gloo_env
-from hvdtrain.distributed import horovod_runner
+from hvdtrain.distributed import horovod_rendezvous
 from hvdtrain.environment.process import from_env
 from hvdtrain.errors import HostsError
 
@@ -37,7 +37,7 @@ def join(env: MutableMapping[str, str] | None = None, timeout: float = 300) -> s
                          "to reach it by name") from err
     if me.is_root:
         try:
-            _SERVERS.append(horovod_runner.rendezvous_server_at(port, [dataclasses.asdict(s) for s in everyone]))
+            _SERVERS.append(horovod_rendezvous.rendezvous_server_at(port, [dataclasses.asdict(s) for s in everyone]))
         except OSError as err:
             raise HostsError(f"port {port} on {first} is taken ({err}): set HVDTRAIN_GLOO_PORT to a free port, the "
                              "same for every task") from err

@@ -142,7 +142,7 @@ class WorkerWatch(threading.Thread):
                 return [f"{host}[{slot}]" for host, slot in pending]
             if now - asked >= POLL_S:   # again each second, until it answers
                 asked = now
-                for (host, slot), heard in pending.items():
+                for heard in pending.values():
                     try:
                         self.sock.sendto(self.answer.seal(save_request(heard.id)),
                                          heard.address)

@@ -24,9 +24,9 @@ from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import control_wire
+from hvdtrain.distributed.rendezvous_auth import RefusedRequests
 from hvdtrain.errors import LaunchError, WorkerError, first_line
 from hvdtrain.launcher.guard import Failure, Guarded
-from hvdtrain.launcher.rendezvous_auth import RefusedRequests
 from hvdtrain.launcher.worker_watch import WorkerWatch
 from hvdtrain.ray.worker import AUTO_IFACE, Slot, Worker, horovod_env
 
@@ -83,11 +83,11 @@ def run(ray: Any, job: Guarded, num_workers: int, min_workers: int, max_workers:
     from ray.exceptions import RayActorError, RayTaskError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from hvdtrain.distributed import horovod_runner
+    from hvdtrain.distributed import horovod_rendezvous
 
     key = control_wire.new_key()   # the heartbeats' and the rendezvous registrations'
     host = reachable_address(ray.get_runtime_context().gcs_address)   # the workers reach us here
-    driver, rendezvous, port = horovod_runner.elastic_driver(lambda: node_slots(ray.nodes(), resources),
+    driver, rendezvous, port = horovod_rendezvous.elastic_driver(lambda: node_slots(ray.nodes(), resources),
                                                              min_workers, max_workers, timeout=start_timeout,
                                                              cooldown_range=COOLDOWN_S, key=key.encode(),
                                                              host=host, refused=RefusedRequests("the rendezvous"))

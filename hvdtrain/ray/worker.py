@@ -123,10 +123,10 @@ class Rendezvous:
     def start(self, slots: Sequence[Slot]) -> tuple[str, int]:
         import ray
 
-        from hvdtrain.distributed import horovod_runner
+        from hvdtrain.distributed import horovod_rendezvous
 
         # Serves from its own thread until this actor is killed.
-        self.server, port = horovod_runner.rendezvous_server(
+        self.server, port = horovod_rendezvous.rendezvous_server(
             dict(hostname=s.node_id, rank=s.rank, local_rank=s.local_rank, cross_rank=s.cross_rank, size=s.size,
                  local_size=s.local_size, cross_size=s.cross_size) for s in slots)
         return ray.util.get_node_ip_address(), port

@@ -1,8 +1,11 @@
-"""hvdtrain's UDP control plane under attack in a real job (issue 36): while `hvdtrain launch` trains 2 (and 3)
-workers, a separate process that knows no secret (tests/control_attacker.py) sprays forged, malformed and
-oversized datagrams at every UDP port of the job's processes and replays the datagrams it sniffs. The job
-must finish, no worker dropped, ended or stalled, with the weights of the same job unattacked; and the
-control key must never be on any process's command line.
+"""A real job under attack (issues 36 and 51): while `hvdtrain launch` trains 2 (and 3) workers, a separate process
+(tests/control_attacker.py) sprays forged, malformed and oversized datagrams at every UDP port of the job's
+processes and replays the datagrams it sniffs, and sends every listening TCP port of them (the elastic
+rendezvous, Horovod's services, Gloo's) pickles that would create a file, forged registrations and
+rank_and_size GETs, DELETEs of the rendezvous scopes and bodies declaring 8 GiB. Against the elastic job it
+also holds the job's key: datagrams sealed under the workers' real sender ids with the largest sequence
+numbers. The job must finish, no worker dropped, ended or stalled, no pickle of the attacker's ever unpickled,
+with the weights of the same job unattacked; and the control key must never be on any process's command line.
 
 Non-elastic jobs are attacked on their peer watches (rank to rank); the elastic job on its driver's watch
 and its workers' heartbeat sockets as well.
@@ -65,8 +68,13 @@ def run(folder: Path, np: int, elastic: bool, name: str, attack: bool) -> tuple[
     attacker = None
     report_path = folder / f"{name}-attack.json"
     if attack:
+        # Over TCP too (every listening port of the job's processes), and as a key holder over UDP: pickles that
+        # would create the marker, forged registrations and rank_and_size GETs, 8 GiB bodies, huge sequence numbers.
+        extra = ["--tcp", str(folder / "unpickled")]
+        if elastic:
+            extra += ["--key-from", str(folder)]
         attacker = subprocess.Popen([sys.executable, str(ROOT / "tests" / "control_attacker.py"), str(proc.pid),
-                                     str(report_path)], cwd=ROOT)
+                                     str(report_path), *extra], cwd=ROOT)
     seen = {"processes": 0, "key": None, "key_on_a_command_line": [], "name_on_a_command_line": []}
     try:
         deadline = time.monotonic() + 420
@@ -106,11 +114,16 @@ def test_a_job_under_attack_finishes_as_if_unattacked_and_no_command_line_holds_
     assert code == 0, output[-5000:]
     assert "hvdtrain: done" in output, output[-5000:]
     for sign in ("hvdtrain: error", "has not answered", "dropped this worker", "has not been heard from",
-                 "Traceback"):
+                 "Traceback", "Exception occurred during processing of request"):
         assert sign not in output, (sign, output[-5000:])
     # The attack landed: every process with a control socket was hit, and said so once.
     assert len(report["ports"]) >= np_ + (1 if elastic else 0), report
     assert report["sent"] > 1000, report
+    assert report["tcp_sent"] > 50 and not (tmp_path / "unpickled").exists(), report   # no pickle of ours ran
+    if elastic:   # the rendezvous among the ports hit; its refusals said once, then counted
+        assert "the elastic rendezvous refused a request" in output, output[-5000:]
+        if report["could_sniff"]:
+            assert report["key_holder_sent"] > 0 and report["senders"], report
     if report["could_sniff"]:
         assert report["sniffed"] > 0 and report["replayed"] > 0, report
     assert output.count("dropped a datagram that is not this job's") >= (1 if elastic else np_), output[-5000:]

@@ -63,7 +63,8 @@ def test_a_worker_beats_its_slot_sealed_to_the_driver_and_says_bye_with_no_timeo
             last = inbox.open(driver.recv(1024))
     finally:
         driver.close()
-    assert (first.sender, first.body) == (f"node2/1/{os.getpid()}", "beat")
+    assert first.body == "beat" and driver_heartbeat.parse_worker_id(first.sender) == ("node2", 1, os.getpid())
+    assert first.sender.startswith(f"node2/1/{os.getpid()}.")   # and this process's nonce: a restart is new
     assert last.sender == first.sender and last.seq > first.seq
     assert inbox.total_rejected() == 0
 

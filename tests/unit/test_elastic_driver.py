@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hvdtrain.distributed import horovod_runner
+from hvdtrain.distributed import horovod_rendezvous, horovod_runner
 from hvdtrain.launcher import elastic_driver
 from hvdtrain.launcher.elastic_driver import BelowMinNpWatch
 
@@ -21,7 +21,7 @@ DISCOVERY_S = 1.0   # Horovod 0.28.1 asks the discovery for hosts once a second
 class Cluster:
     def __init__(self, slots: dict[str, int], min_np: int) -> None:
         self.slots = dict(slots)
-        self.driver, _server, _port = horovod_runner.elastic_driver(lambda: dict(self.slots), min_np, 4, timeout=30,
+        self.driver, _server, _port = horovod_rendezvous.elastic_driver(lambda: dict(self.slots), min_np, 4, timeout=30,
                                                                     cooldown_range=(600, 600), key=b"k" * 64,
                                                                     host="127.0.0.1")
 

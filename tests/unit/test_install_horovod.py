@@ -102,7 +102,36 @@ def test_cache_key_changes_with_the_patch_set():
     edited = dict(ih.BF16_PATCHES, **{rel: ((ih.BF16_PATCHES[rel][0][0], ih.BF16_PATCHES[rel][0][1] + " "),)})
     other = ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, edited)
     assert other != ih.PATCH_SET_HASH and ih.cache_key(**base, patches=other) != ih.cache_key(**base)
-    assert ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, ih.BF16_PATCHES, ih.PERF_PATCHES) == ih.PATCH_SET_HASH
+    assert (ih.patch_set_hash(ih.PATCHES, ih.HEADER_PATCHES, ih.BF16_PATCHES, ih.PERF_PATCHES) + ih.series_hash()
+            == ih.PATCH_SET_HASH)
+
+
+def test_the_patch_series_applies_exactly_and_is_part_of_the_cache_key(tmp_path):
+    """scripts/horovod/patches: real unified diffs, in the series' order, with no fuzz; a changed diff, a new patch
+    or another order gives another wheel (a reworded header does not)."""
+    names = [path.name for path in ih.series()]
+    assert names and all(name[:4].isdigit() and name.endswith(".patch") for name in names) and names == sorted(names)
+    for path in ih.series():
+        head = path.read_text().split("\n---\n", 1)[0]
+        for part in ("Why:", "Upstream:", "Depends on it:", "Switched on by:"):
+            assert part in head, (path.name, part)
+    copy = tmp_path / "patches"
+    shutil.copytree(ih.PATCH_DIR, copy)
+    assert ih.series_hash(copy) == ih.series_hash()
+    first = copy / names[0]
+    first.write_text(first.read_text().replace("Why:", "Why (reworded):", 1))
+    assert ih.series_hash(copy) == ih.series_hash()            # a header only explains
+    first.write_text(first.read_text() + "+\n")
+    assert ih.series_hash(copy) != ih.series_hash()            # the diff is what is built
+    shutil.copy2(ih.PATCH_DIR / names[0], first)
+    (copy / "series").write_text("\n".join(reversed(names)) + "\n")
+    assert ih.series_hash(copy) != ih.series_hash()
+    # A tree the patches do not fit: one line naming the patch, never a half-patched build.
+    tree = tmp_path / "src"
+    (tree / "horovod/runner/elastic").mkdir(parents=True)
+    (tree / "horovod/runner/elastic/worker.py").write_text("not horovod 0.28.1\n")
+    with pytest.raises(ih.InstallError, match=names[0]):
+        ih.apply_series(tree)
 
 
 @pytest.mark.skipif(not ih.shutil.which("g++"), reason="needs g++ to compile the patched header")
@@ -161,7 +190,7 @@ def test_check_build_counts_a_name_only_if_every_line_is_checked():
 def test_missing_tools_names_each_absent_command():
     present = {"cmake", "mpirun"}
     missing = ih.missing_tools(which=lambda tool: f"/usr/bin/{tool}" if tool in present else None)
-    assert missing == ["mpicxx", "g++"]
+    assert missing == ["mpicxx", "g++", "patch"]
 
 
 def test_no_compiler_stops_with_the_packages_to_install(tmp_path):

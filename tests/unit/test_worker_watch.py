@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 from waiting import wait_for
 
-from hvdtrain.distributed import control_wire, horovod_runner
+from hvdtrain.distributed import control_wire, horovod_rendezvous, horovod_runner
 from hvdtrain.distributed.control_wire import FROM_DRIVER, MAX_DATAGRAM, TO_DRIVER
 from hvdtrain.distributed.driver_heartbeat import BEAT, BYE, DRIVER_SENDER, dropped_notice, worker_id
 from hvdtrain.launcher import worker_watch
@@ -43,7 +43,7 @@ class Job:
 def job(monkeypatch) -> Iterator[Job]:
     monkeypatch.setattr(worker_watch, "POLL_S", 0.1)
     key = control_wire.new_key()
-    driver, _server, _port = horovod_runner.elastic_driver(lambda: dict(HOSTS), 1, 2, timeout=30,
+    driver, _server, _port = horovod_rendezvous.elastic_driver(lambda: dict(HOSTS), 1, 2, timeout=30,
                                                            cooldown_range=(600, 600), key=key.encode(),
                                                            host="127.0.0.1")
     found = Job(driver, WorkerWatch(key, SILENCE_S, address="127.0.0.1"), key)

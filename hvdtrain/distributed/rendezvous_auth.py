@@ -4,16 +4,20 @@ Why: Horovod 0.28.1's elastic rendezvous (an HTTP server on the launching host) 
 `PUT /worker_addresses/<host>:<slot>` and then trusts the addresses and notification key in it (it later
 connects there and unpickles the answers): whoever reaches the port runs code on the launching host. With
 hvdtrain's Horovod patch 0001 (scripts/horovod/patches) each elastic worker signs that registration with the
-job's key (HVDTRAIN_CONTROL_KEY, delivered in a 0600 file, never on a command line). Here, before anything
-is decoded:
+job's key (HVDTRAIN_CONTROL_KEY, delivered in a 0600 file, never on a command line), and every request of a
+worker, Gloo's C++ ones included (patch 0002), carries a token derived from that key. Here, before anything is
+decoded:
 
+- a request without the token is refused (a stranger can neither read nor write the Gloo scopes, nor mark a
+  worker ready: a forged `GET /rank_and_size/...` could trip the driver's barrier into a reset);
 - a body larger than MAX_BODY is refused unread (the server never holds more than that per request);
 - a registration must carry the HMAC of its path and body under the job's key (constant-time compare);
 - an authenticated body is decoded by an unpickler that builds only plain containers (no class, no call):
   even a key holder cannot make it run code.
 
-Gloo's own rendezvous scopes (`global`, `local_*`, `cross_*`: each rank's raw address bytes, written by Gloo's
-C++ HTTP store, never unpickled) stay unauthenticated, as in Horovod: see docs/security.md.
+Gloo's own rendezvous scopes (`global`, `local_*`, `cross_*`: each rank's raw address bytes) are stored as they
+come, never decoded. The token is a bearer proof: someone who can read the job's network traffic can replay it
+(as they can read Gloo's tensors): see docs/security.md.
 
 Pure functions: the adapter (distributed/horovod_runner.py) wires them into Horovod's handler.
 """
@@ -29,7 +33,8 @@ import sys
 import threading
 from typing import Any
 
-AUTH_HEADER = "X-Hvdtrain-Auth"       # as patch 0001 names it on the worker side
+AUTH_HEADER = "X-Hvdtrain-Auth"       # as patch 0001 names them on the worker side
+TOKEN_HEADER = "X-Hvdtrain-Token"
 REGISTRATION_SCOPE = "worker_addresses"
 MAX_BODY = 64 * 1024                  # a registration is ~200 bytes, a Gloo address ~100
 _DOMAIN = b"hvdtrain-rendezvous-v1\0"
@@ -47,6 +52,25 @@ def tag(key: bytes, path: str, body: bytes) -> str:
         64
     """
     return hmac.new(key, _DOMAIN + path.encode() + b"\0" + body, hashlib.sha256).hexdigest()
+
+
+def token(key: bytes) -> str:
+    """What every request of a worker of the job carries in TOKEN_HEADER (patch 0001's `rendezvous_token`, sent by
+    Gloo's C++ store through patch 0002): proof of the job's key, never the key.
+
+    Example:
+        >>> token(b"k") == token(b"k") != token(b"j")
+        True
+    """
+    return hmac.new(key, b"hvdtrain-rendezvous-token-v1", hashlib.sha256).hexdigest()
+
+
+def check_token(key: bytes | None, header: str | None) -> None:
+    """Refused unless the request carries the job's token (constant-time compare). With no job key: refused too."""
+    if key is None:
+        raise Refused("the job has no key")
+    if not header or not hmac.compare_digest(token(key), header.strip()):
+        raise Refused("no token of the job's key")
 
 
 def body_length(header: str | None) -> int:
