@@ -9,7 +9,9 @@ Anyone who reaches that port could read the job (its credentials included) or PU
 workers or the launcher would unpickle: code execution on either.
 
 In its place, for the length of one launch (`serving()`), this store:
-- serves one thing, GET /runfunc/func: a pickled `SealedJob` (a file path and ciphertext);
+- serves one thing: the sealed job, as raw ciphertext at GET /runfunc/sealed for hvdtrain's own worker entry
+  (sealed_task.py, which opens it with the launch's key before it unpickles anything), and as a pickled `SealedJob`
+  (a file path and the same ciphertext) at GET /runfunc/func where Horovod's run_task starts the workers;
 - refuses (403) every PUT but /runfunc_result/RANK for a rank of the job, once, whose body is the pickle
   of one `bytes` object (checked by reading the pickle's opcodes, never by unpickling it) that opens with
   the launch's key as that rank's result;
@@ -43,6 +45,7 @@ from hvdtrain.errors import LaunchError
 from hvdtrain.launcher.sealed import RESULT_AUTH_HEADER, result_purpose, result_token, unseal
 
 JOB_PATH = "/runfunc/func"
+RAW_JOB_PATH = "/runfunc/sealed"
 RESULT_SCOPE = "/runfunc_result/"
 REQUEST_TIMEOUT_S = 10
 # A rank's result as Horovod's worker PUTs it (base64 of the pickled, sealed return value): larger ones are refused
@@ -95,12 +98,15 @@ class JobStore:
 
     Args:
         job_body: what GET /runfunc/func answers: base64 of the pickled SealedJob (as Horovod's codec writes).
+        raw_job: what GET /runfunc/sealed answers: the job's ciphertext alone, for launcher/sealed_task.py, which
+            opens it before unpickling anything.
         key: the launch's key; num_proc: the job's ranks; host: the address to listen on ('' = every one).
     """
 
     def __init__(self, job_body: bytes, key: bytes, num_proc: int, host: str = "",
-                 max_result: int | None = None) -> None:
+                 max_result: int | None = None, raw_job: bytes = b"") -> None:
         self.job_body = job_body
+        self.raw_job = raw_job
         self.key = key
         self.num_proc = num_proc
         self.host = host
@@ -201,6 +207,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:   # noqa: N802 - http.server's naming
         if self.path == JOB_PATH:
             self._answer(200, self.owner.job_body)
+        elif self.path == RAW_JOB_PATH and self.owner.raw_job:
+            self._answer(200, self.owner.raw_job)
         else:
             self._answer(404)
 

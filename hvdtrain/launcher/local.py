@@ -6,6 +6,7 @@ never initialises Horovod or touches a CUDA device; only the workers do.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -92,7 +93,7 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
     key_file = write_secrets_file({KEY_VAR: key.hex(), CONTROL_KEY_ENV: control_key}, folder.resolve())
     job = SealedJob(str(key_file), seal(key, "job", cloudpickle.dumps(Guarded(fn, args, kwargs, secrets))))
     address = _listen_address(network_interfaces)
-    store = JobStore(codec_body(job), key, np, host=address)
+    store = JobStore(codec_body(job), key, np, host=address, raw_job=job.job)
     refused = RefusedRequests("launch(): the Gloo rendezvous")
     worker_environ = {**public, "PYTHONPATH": pythonpath, SECRETS_FILE_ENV: str(key_file)}
     try:
@@ -100,7 +101,9 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
                 horovod_rendezvous.horovodrun_rendezvous_guarded(control_key.encode(), address, refused):
             results = horovod_runner.run(job, num_proc=np, hosts=hosts, use_gloo=not use_mpi, use_mpi=use_mpi,
                                          network_interfaces=network_interfaces, start_timeout=start_timeout,
-                                         disable_cache=True)
+                                         disable_cache=True, executable=sealed_task_entry())
+    except horovod_runner.AdapterError as err:   # before any worker starts: this Horovod is not the one expected
+        raise LaunchError(f"hvdtrain.launch(): {err}") from None
     except RuntimeError as err:  # a worker process died without returning (killed, os._exit, ...)
         raise WorkerError(f"a worker process died: {err}") from None
     finally:
@@ -108,6 +111,14 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
         remove_quietly(key_file)
         refused.summary()
     return rank0_result(results, all_ranks)
+
+
+def sealed_task_entry() -> str | None:
+    """The worker entry Horovod starts in place of `python -m horovod.runner.run_task` (launcher/sealed_task.py: it
+    opens the job before unpickling it), beside this Python as pip installs console scripts; None without it (an
+    install without hvdtrain's scripts): Horovod's run_task then unpickles the SealedJob, as docs/security.md says."""
+    entry = Path(sys.executable).parent / "hvdtrain-sealed-task"
+    return str(entry) if entry.exists() else None
 
 
 def codec_body(value: Any) -> bytes:

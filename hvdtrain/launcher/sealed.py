@@ -121,10 +121,11 @@ class SealedJob:
 
         horovod_runner.sign_result_put(lambda rank_text, body: {
             RESULT_AUTH_HEADER: result_token(key, int(rank_text) if rank_text.isdigit() else -1, len(body))})
-        return seal(key, result_purpose(rank), _dumps_result(value, rank))
+        return seal(key, result_purpose(rank), dumps_result(value, rank))
 
 
-def _dumps_result(value: Any, rank: int) -> bytes:
+def dumps_result(value: Any, rank: int) -> bytes:
+    """A rank's return value, pickled; one that cannot be comes back as that rank's failure."""
     try:
         return cloudpickle.dumps(value)
     except Exception as err:   # an unpicklable return value comes back as that rank's failure

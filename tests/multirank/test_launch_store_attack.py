@@ -101,11 +101,13 @@ def test_a_client_on_the_launchers_ports_reads_no_secret_and_cannot_plant_a_pick
     assert results == [(argument * 2, token), (argument * 2, token)]
     assert not marker.exists(), "an attacker's pickle was unpickled"
 
-    # The job store was found and attacked: it refused every forged PUT, and it listens on loopback only.
-    store = {where for where, path, status in attacker.put if status == 403}
-    assert len(store) == 1, attacker.put
-    assert next(iter(store))[0] == "127.0.0.1"
-    assert {status for where, _, status in attacker.put if where in store} <= {403, 0}   # 0: closed at the end
+    # The job store (the port serving the job) and Gloo's rendezvous were found and attacked: every port refused
+    # every forged PUT (the rendezvous too: no token of the job's key; issue 51), and they listen on loopback only.
+    store = {where for where, path, status, _ in attacker.got if path == "/runfunc/func" and status == 200}
+    assert len(store) == 1, attacker.got
+    refusing = {where for where, path, status in attacker.put if status == 403}
+    assert store < refusing and all(where[0] == "127.0.0.1" for where in refusing), attacker.put
+    assert {status for _, _, status in attacker.put} <= {403, 0}   # 0: closed at the end
     # Whatever any port served holds neither the credential nor the job's argument, plain or base64-decoded.
     assert attacker.got
     for where, path, status, body in attacker.got:
