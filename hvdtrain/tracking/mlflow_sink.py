@@ -50,9 +50,10 @@ class MlflowSink:
 
     @property
     def shown_uri(self) -> str:
-        # http://user:password@host names its own credential: show the host only.
+        # http://user:password@host names its own credential: show the host only; the rest redacted as anywhere
+        # else (a ?token= in the URI, say).
         scheme, sep, rest = self.uri.partition("://")
-        return f"{scheme}{sep}{rest.rpartition('@')[2]}"
+        return redact(f"{scheme}{sep}{rest.rpartition('@')[2]}")
 
     def same_store(self, saved_uri: str) -> bool:
         """Whether a tracking.json's uri (written redacted, user:***@) names this sink's store."""

@@ -50,7 +50,7 @@ def log_run(folder: Path, *, tracking: str, experiment: str, params: Mapping[str
     if sink.same_store(saved.get("uri", "")) and saved.get("run_id"):
         tags["hvdtrain.source_run_id"] = str(saved["run_id"])
     try:
-        said = sink.open({k: v[:context.MAX_PARAM_CHARS] for k, v in params.items()}, tags)
+        said = sink.open({k: context.param_value(v) for k, v in params.items()}, tags)
         from mlflow.entities import Metric
 
         stamp = int(os.path.getmtime(folder) * 1000)

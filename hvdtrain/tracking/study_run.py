@@ -102,7 +102,7 @@ def start(folder: Path, *, study: str, metric: str, tracking: str, experiment: s
     sink = MlflowSink(folder, uri or f"sqlite:///{folder / 'mlflow.db'}", experiment, embedded=not uri,
                       name=study, artifact_root=folder / "mlartifacts")
     try:
-        said = sink.open({key: str(value)[:context.MAX_PARAM_CHARS] for key, value in params.items()},
+        said = sink.open({key: context.param_value(value) for key, value in params.items()},
                          {"hvdtrain.kind": "tune study", "tune.study": study, "tune.dir": str(folder)})
     except Exception as err:
         warn(f"tracking: cannot log the study to {sink.where} ({redact(first_line(err))}); it goes on untracked")

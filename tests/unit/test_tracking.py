@@ -76,3 +76,13 @@ def test_system_sampling_without_a_driver_still_reads_cpu_and_memory():
     assert {"cpu_percent", "memory_percent", "memory_used_gb"} <= set(values)
     assert any(key.startswith("gpu") for key in values) == nvml.available
     nvml.close()
+
+
+def test_the_server_named_on_the_console_holds_no_credential(tmp_path):
+    """Issue 51: only user:password@ was stripped from the shown URI; a ?token= went to the console as it was."""
+    from hvdtrain.tracking.mlflow_sink import MlflowSink
+
+    for uri in ("https://alice:s3cret@mlflow:5000/x?token=abcdef123456", "https://mlflow:5000/?access_token=abc123xyz"):
+        shown = MlflowSink(tmp_path, uri, "e", embedded=False).where
+        assert "s3cret" not in shown and "abcdef123456" not in shown and "abc123xyz" not in shown, shown
+        assert "mlflow:5000" in shown
