@@ -72,7 +72,7 @@ def guarded_server(host: str, key: bytes | None, refused: Callable[[str], None] 
     from horovod.runner.util.network import find_port
     from horovod.runner.util.threads import in_thread
 
-    class GuardedRendezvousServer(RendezvousServer):   # type: ignore[misc]
+    class GuardedRendezvousServer(RendezvousServer):
         def start(self, handler_cls: type = RendezvousHandler) -> int:
             handler = guarded_handler(handler_cls, key, refused)
             self._httpd, port = find_port(lambda addr: RendezvousHTTPServer((host, addr[1]), handler,
@@ -98,7 +98,7 @@ def guarded_handler(handler: type, key: bytes | None, refused: Callable[[str], N
         if refused is not None:
             refused(f"{request.command} {auth.safe_text(request.path)} from {request.client_address[0]}: {why}")
 
-    class GuardedRendezvousHandler(handler):   # type: ignore[misc, valid-type]
+    class GuardedRendezvousHandler(handler):
         def _scope_key(self) -> tuple[str, str] | None:
             """(scope, key) of a request of a worker of the job, else None (answered already)."""
             try:

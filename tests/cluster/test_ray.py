@@ -160,8 +160,34 @@ def test_a_worker_node_killed_mid_run_is_a_worker_error_naming_rank_and_node(clu
     assert re.search(rf"hvdtrain: error: rank [01] on node {re.escape(victim_ip)} \([0-9a-f]{{8}}\)", last), out + err
 
 
-def test_elastic_a_lost_node_is_dropped_and_a_joining_node_is_taken_in_with_no_sample_lost(cluster, tmp_path):
-    """Two worker nodes, one killed mid-run, one added."""
+class DriverAttacker(threading.Thread):
+    """Issue 51: while the job runs, pickles that would create `marker`, forged registrations and rank_and_size GETs,
+    8 GiB bodies and garbage to every TCP port this process (the Ray driver: the elastic rendezvous is one) opens."""
+
+    def __init__(self, marker: Path) -> None:
+        import psutil
+
+        super().__init__(daemon=True)
+        self.me = psutil.Process()
+        self.before = self.listening()
+        self.marker, self.stop, self.sent, self.ports = marker, threading.Event(), 0, set()
+
+    def listening(self) -> set[tuple[str, int]]:
+        return {("127.0.0.1" if c.laddr.ip in ("0.0.0.0", "") else c.laddr.ip, c.laddr.port)
+                for c in self.me.net_connections(kind="tcp4") if c.status == "LISTEN"}
+
+    def run(self) -> None:
+        from control_attacker import attack_tcp, tcp_requests
+
+        requests = tcp_requests(str(self.marker))
+        while not self.stop.wait(1.0):
+            targets = sorted(self.listening() - self.before)
+            self.ports |= set(targets)
+            self.sent += attack_tcp(targets, requests)
+
+
+def test_elastic_a_lost_node_is_dropped_and_a_joining_node_is_taken_in_with_no_sample_lost(cluster, tmp_path, capfd):
+    """Two worker nodes, one killed mid-run, one added; the driver's ports attacked all along."""
     from test_elastic import effective_steps, epoch_coverage, probe_lines
 
     (tmp_path / "hold").touch()
@@ -179,6 +205,8 @@ def test_elastic_a_lost_node_is_dropped_and_a_joining_node_is_taken_in_with_no_s
         except BaseException as err:  # noqa: B036 - the test thread reports it
             outcome["error"] = err
 
+    attacker = DriverAttacker(tmp_path / "unpickled")
+    attacker.start()
     thread = threading.Thread(target=train, daemon=True)
     thread.start()
     try:
@@ -202,9 +230,14 @@ def test_elastic_a_lost_node_is_dropped_and_a_joining_node_is_taken_in_with_no_s
     finally:
         (tmp_path / "hold").unlink()
         thread.join(timeout=300)
+        attacker.stop.set()
+        attacker.join(timeout=60)
     print(f"\nelastic on Ray: node killed; one worker training {shrunk - killed:.1f} s later; a node added "
           f"{joined_at - killed:.1f} s after the kill had a worker training {grown - joined_at:.1f} s after it joined")
     assert not thread.is_alive() and "error" not in outcome, outcome
+    # The attack landed on the rendezvous and nothing of it ran or ended a rank.
+    assert attacker.ports and attacker.sent > 20 and not (tmp_path / "unpickled").exists(), attacker.ports
+    assert "the rendezvous refused" in capfd.readouterr().err
     summary = json.loads((tmp_path / "elastic" / "summary.json").read_text())
     assert summary["workers"] == 2 and len(set(summary["param_digests"])) == 1, summary
     assert outcome["history"].summary["workers"] == 2
