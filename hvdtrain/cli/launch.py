@@ -77,11 +77,13 @@ def main(args: list[str]) -> int:
     if grace and elastic:
         raise UserError("launch: --grace-s (HVDTRAIN_GRACE_S) is not supported for elastic jobs yet: Horovod's "
                         "elastic driver stops its workers on its own terms")
-    # The elastic driver and its workers authenticate their heartbeats and rendezvous registrations with this key:
-    # a credential, so it goes in the secrets file. A non-elastic job's peer watch uses it too whenever there is a
-    # secrets file anyway; else (the file may not reach other hosts) its ranks agree one over Horovod itself.
+    # The job's key: the workers' Horovod proves it to Gloo's rendezvous (a stranger's PUT of a rank's address there
+    # would crash the job at start-up), the elastic driver and its workers seal their heartbeats and registrations
+    # with it, the peer watch too. A credential, so it goes in the secrets file: for every job on one machine, and
+    # wherever there is a secrets file anyway (elastic, credentials). A multi-host job without credentials gets
+    # none (the file may not reach the other hosts): its rendezvous is bounded, not authenticated (docs/security.md).
     job_env = dict(os.environ)
-    if elastic or split_env(job_env)[1]:
+    if elastic or split_env(job_env)[1] or one_machine(args):
         job_env[CONTROL_KEY_ENV] = new_key()
     if grace:
         job_env[GRACE_ENV] = grace
@@ -129,6 +131,34 @@ def worker_command(args: list[str]) -> list[str] | int:
         return []
     except Exception:   # e.g. a --config-file it cannot read: horovodrun's own run says so
         return []
+
+
+def one_machine(args: list[str]) -> bool:
+    """Whether horovodrun `args` start every worker on this host (no -H, no --hostfile, or only this host's names).
+
+    Example:
+        >>> one_machine(["-np", "2", "python", "x.py"]), one_machine(["-np", "2", "-H", "localhost:2", "python", "x.py"])
+        (True, True)
+        >>> one_machine(["-np", "2", "-H", "node1:1,node2:1", "python", "x.py"])
+        False
+    """
+    import socket
+
+    from hvdtrain.distributed.horovod_runner import horovodrun_args
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = horovodrun_args(args)
+    except (SystemExit, Exception):
+        return False
+    if getattr(parsed, "hostfile", None) or getattr(parsed, "host_discovery_script", None):
+        return False
+    hosts = getattr(parsed, "hosts", None) or "localhost"
+    here = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
+    return all(entry.rpartition(":")[0] in here if ":" in entry else entry in here
+               for entry in hosts.split(",") if entry.strip())
 
 
 def is_hvdtrain_cli(command: list[str]) -> bool:
