@@ -4,7 +4,8 @@ Writes a new run directory (default RUN_DIR-METHOD): model.pt2 (torch.export; lo
 `torch.export.load(path).module()`, no hvdtrain needed), compressed.pt (its state_dict), config.yaml,
 and report.json / report.txt / report.png comparing parameters, bytes on disk, latency and held-out
 accuracy with the original. prune (fine-tune) and distill train with the normal Trainer on every
-worker: run under `horovodrun -np N`, or pass `--np N` to have horovodrun started for you.
+worker: run under `horovodrun -np N`, or pass `--np N` to have horovodrun started for you. A run of your own
+model class is rebuilt from its model.json; where that says it cannot be, `--model module:function` names a builder.
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Under `horovodrun -np N` rank r computes samples r, r+N, ... (uneven shards are fine) and rank 0 writes
 one file in the original order. Without a launcher, `--procs N` splits the same way across a
-torch.multiprocessing pool on this machine.
+torch.multiprocessing pool on this machine. A run of your own model class is rebuilt from its model.json;
+where that says it cannot be, `--model module:function` names a builder that returns the model.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from hvdtrain.environment.process import Process
+    from hvdtrain.models.recipe import ModelRecipe
 
 SPLITS = ("val", "train")
 
@@ -37,6 +39,9 @@ class PredictOptions:
                            "0 = Horovod's ranks")
     device: str = option("auto", "Horovod's ranks: auto (one GPU per rank when CUDA is present), cpu or cuda; "
                                  "a compressed model and --procs run on CPU", choices=DEVICES)
+    model: str = option("", "a builder 'module:function' (config, input_shape, num_classes) that returns the trained "
+                            "model, for a run whose model.json says hvdtrain cannot rebuild it; '' = as the run "
+                            "recorded", metavar="MODULE:FUNCTION")
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -60,11 +65,14 @@ def parse_args(args: list[str]) -> PredictOptions:
     return PredictOptions(**values(parser().parse_args(args), PredictOptions))
 
 
-def load_trained(path: str) -> tuple[dict[str, torch.Tensor] | Path, TrainConfig]:
-    """The weights and training config of a checkpoint, or of a model.pt with config.yaml beside it.
+def load_trained(path: str, model: str = "") -> tuple[dict[str, torch.Tensor] | Path, TrainConfig,
+                                                      ModelRecipe | None]:
+    """The weights, training config and model record (model.json) of a checkpoint, or of a model.pt with
+    config.yaml beside it; `model`, a builder 'module:function', replaces the record.
 
     A compressed model (`hvdtrain compress`) is a torch.export program, model.pt2, given as the file or its
-    run directory: then the first value is its path, loaded by each process that predicts.
+    run directory: then the first value is its path, loaded by each process that predicts. A model that
+    cannot be rebuilt is refused here (one line: why, and the fix), before any process starts.
     """
     from hvdtrain.train import finished_run
 
@@ -72,15 +80,25 @@ def load_trained(path: str) -> tuple[dict[str, torch.Tensor] | Path, TrainConfig
     if file.is_dir() and (file / "model.pt2").is_file():
         file = file / "model.pt2"
     if file.suffix == ".pt2" and file.is_file():
-        return file, finished_run.read_config(file.parent)
-    state, config, _ = finished_run.read_trained(file)
-    return state, config
+        if model:
+            raise UserError(f"predict: {file} is a compressed model that holds its own graph; --model is for "
+                            "weights (model.pt, a checkpoint)")
+        return file, finished_run.read_config(file.parent), None
+    state, config, weights = finished_run.read_trained(file)
+    if model:
+        return state, load_config(**{**config.to_dict(), "model": model}), None
+    record = finished_run.model_recipe(weights)
+    if record is not None:
+        record.check(finished_run.run_dir_of(weights))
+    return state, config, record
 
 
 def predict_split(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, rank: int, size: int,
-                  batch_size: int, device: torch.device | None = None) -> torch.Tensor:
+                  batch_size: int, device: torch.device | None = None,
+                  model_record: ModelRecipe | None = None) -> torch.Tensor:
     """Outputs for samples rank, rank+size, ... of the split (a pure function of its arguments), computed on
-    `device` (CPU when None) and returned on CPU."""
+    `device` (CPU when None) and returned on CPU; the model is rebuilt from `model_record` (model.json) when
+    given, else from `config`."""
     import torch
 
     from hvdtrain.data.datasets import build_data
@@ -96,7 +114,7 @@ def predict_split(state: dict[str, torch.Tensor] | Path, config: TrainConfig, sp
         model = load_exported(state)
         device = None  # int8 kernels are CPU-only, and export fixed the graph's devices
     else:
-        model = finished_run.rebuild(config, state, data).to(device or "cpu")
+        model = finished_run.rebuild(config, state, data, model_record=model_record).to(device or "cpu")
     return predict_shard(model, dataset, rank, size, batch_size, device or torch.device("cpu"))
 
 
@@ -114,20 +132,21 @@ def rank_device(state: dict[str, torch.Tensor] | Path, choice: str, world: Proce
 def _pool_worker(job: tuple[Any, ...]) -> Any:
     import torch
 
-    state, config, split, rank, size, batch_size, threads = job
+    state, config, split, rank, size, batch_size, threads, model_record = job
     torch.set_num_threads(threads)
-    return predict_split(state, config, split, rank, size, batch_size).numpy()
+    return predict_split(state, config, split, rank, size, batch_size, model_record=model_record).numpy()
 
 
 def _pool_predict(state: dict[str, torch.Tensor] | Path, config: TrainConfig, split: str, procs: int,
-                  batch_size: int) -> torch.Tensor:
+                  batch_size: int, model_record: ModelRecipe | None) -> torch.Tensor:
     import torch
     import torch.multiprocessing as mp
 
     from hvdtrain.train.device import threads_per_worker
     from hvdtrain.train.evaluation import interleave
 
-    jobs = [(state, config, split, rank, procs, batch_size, threads_per_worker(procs)) for rank in range(procs)]
+    jobs = [(state, config, split, rank, procs, batch_size, threads_per_worker(procs), model_record)
+            for rank in range(procs)]
     # spawn: a clean interpreter per process, safe whatever this one has initialised.
     with mp.get_context("spawn").Pool(procs) as pool:
         shards = pool.map(_pool_worker, jobs)
@@ -154,11 +173,11 @@ def main(args: list[str]) -> int:
     from hvdtrain.train.evaluation import interleave
 
     opts = parse_args(args)
-    state, config = load_trained(opts.checkpoint)
+    state, config, record = load_trained(opts.checkpoint, opts.model)
     if opts.dataset:
         config = load_config(**{**config.to_dict(), "dataset": opts.dataset})
     if opts.procs:
-        outputs = _pool_predict(state, config, opts.split, opts.procs, opts.batch_size)
+        outputs = _pool_predict(state, config, opts.split, opts.procs, opts.batch_size, record)
         _write(outputs, opts.out)
         console.line(f"hvdtrain: wrote {len(outputs)} predictions to {opts.out} ({opts.procs} processes)")
         return 0
@@ -166,7 +185,7 @@ def main(args: list[str]) -> int:
 
     world = runtime.init()
     device = rank_device(state, opts.device, world)
-    local = predict_split(state, config, opts.split, world.rank, world.size, opts.batch_size, device)
+    local = predict_split(state, config, opts.split, world.rank, world.size, opts.batch_size, device, record)
     # Horovod: shards differ in length (1001 over 3 ranks), so gather them as objects.
     shards = collectives.allgather_object(local, name="predict_cli")
     if world.is_root:

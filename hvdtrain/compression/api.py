@@ -44,14 +44,15 @@ def prepare(run_dir: str | Path, method: str = "int8", *, out: str = "", **optio
     Returns:
         The options, the source run, the output directory to create, and the (student, config) for distill.
     Raises:
-        UserError: an unknown method or option, a run without a model, an output that exists, a model prune
-            cannot shrink, a student that does not fit the data.
+        UserError: an unknown method or option, a run without a model or whose model cannot be rebuilt, an
+            output that exists, a model prune cannot shrink, a student that does not fit the data.
     """
     try:
         opts = CompressOptions(method=method, out=out, **options)
     except TypeError as err:
         raise UserError(f"compress: {err}") from None
-    run = finished_run.read(run_dir)
+    # A builder named with --model replaces the run's model.json (or config.yaml's model).
+    run = finished_run.read(run_dir, **({"model": opts.model} if opts.model else {}))
     out_path = plan_out(run.path, opts.methods, opts.out)
     student = distill.student(run, opts) if "distill" in opts.methods else None
     if "prune" in opts.methods:
@@ -67,7 +68,8 @@ def compress(run_dir: str | Path, method: str = "int8", *, out: str = "", **opti
         method: int8, prune or distill; several comma-separated ("int8,prune") write one run directory
             each under `out` (default RUN_DIR-compressed) and a report comparing all of them.
         out: the new run directory; default RUN_DIR-METHOD.
-        **options: any CompressOptions field, e.g. sparsity=0.5, student="mlp", student_hidden=16.
+        **options: any CompressOptions field, e.g. sparsity=0.5, student="mlp", student_hidden=16, or
+            model="module:function" for a run of a model that its model.json says cannot be rebuilt.
     Returns:
         The report (also in OUT/report.json): one row per model with params, bytes, latency_ms per batch
         size, val_acc; how latency was measured; the export check; notes on any fallback.

@@ -38,6 +38,9 @@ class CompressOptions:
                                    "slow to compile", flag="--compile")
     tracking: str = option("", "log the report and the exported model as an MLflow run: auto, none, mlflow; "
                                "'' = as the source run's --tracking")
+    model: str = option("", "a builder 'module:function' (config, input_shape, num_classes) that returns the trained "
+                            "model, for a run whose model.json says hvdtrain cannot rebuild it; '' = as the run "
+                            "recorded", metavar="MODULE:FUNCTION")
     verbose: bool = option(True, "rank 0 prints progress and the table (the Python API's switch)")
 
     def __post_init__(self) -> None:

@@ -1,17 +1,21 @@
 """Built-in models. Model code never imports Horovod.
 
-A model builder, built-in or plug-in, is `build(config, input_shape, num_classes) -> nn.Module`.
+A model builder, built-in or plug-in, is `build(config, input_shape, num_classes) -> nn.Module`. A run records
+config.yaml for a model build_model returned, and model.json (models/recipe.py) for any other: `recipe_for`.
 """
 from __future__ import annotations
 
 import math
+import weakref
 
 from torch import nn
 
 from hvdtrain.config.plugins import resolve
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import UserError
+from hvdtrain.models.recipe import ModelRecipe, describe
 from hvdtrain.models.zoo import ZOOS, from_zoo, resnet18
+from hvdtrain.output.plain_weights import plain
 
 
 def mlp(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -49,12 +53,37 @@ def resnet(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) 
 BUILTIN = {"mlp": mlp, "cnn": cnn, "resnet18": resnet}
 
 
+# Models build_model returned, and the spec each was built from: a run records its config.yaml for these and a
+# model.json (models/recipe.py) for any other. Weak: a model is forgotten with its last reference; a copy is not it.
+_BUILT: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+
+
 def build_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The model named by config.model: a built-in, `torchvision:NAME` / `timm:NAME`, or a plug-in."""
     if config.model.partition(":")[0] in ZOOS:
-        return from_zoo(config.model, input_shape, num_classes)
-    model = resolve(config.model, "model", BUILTIN)(config, input_shape, num_classes)
+        model = from_zoo(config.model, input_shape, num_classes)
+    else:
+        builder = resolve(config.model, "model", BUILTIN)
+        if _is_model_class(builder):
+            raise UserError(f"model {config.model} is a model class, not a builder: --model takes a function "
+                            "(config, input_shape, num_classes) that returns the model (a run of a model class "
+                            "keeps its constructor arguments in model.json beside config.yaml)")
+        model = builder(config, input_shape, num_classes)
     if not isinstance(model, nn.Module):
         raise UserError(f"model builder {config.model} must return a torch.nn.Module, "
                         f"got {type(model).__name__}")
+    _BUILT[model] = config.model
     return model
+
+
+def _is_model_class(found: object) -> bool:
+    return isinstance(found, type) and issubclass(found, nn.Module)
+
+
+def recipe_for(model: nn.Module, config: TrainConfig) -> ModelRecipe | None:
+    """What a run of `config` training `model` records in model.json: None when the model was built from
+    config.model (config.yaml rebuilds it) or the run writes no folder."""
+    model = plain(model)
+    if not config.run_dir or _BUILT.get(model) == config.model:
+        return None
+    return describe(model)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import UserError
@@ -25,6 +25,18 @@ from hvdtrain.output.run_dir import RunLog
 from hvdtrain.tracking import system
 
 
+class ModelRecord(Protocol):
+    """How to rebuild a model not built from the config (models/recipe.py's ModelRecipe), as the folder sees it."""
+
+    @property
+    def cls(self) -> str: ...      # "module:qualname" of the model's class
+
+    @property
+    def name(self) -> str: ...     # the class name, lowercased: the run's name starts with it
+
+    def write(self, folder: str | Path) -> None: ...   # model.json
+
+
 @dataclass(frozen=True)
 class RunDirSettings:
     """What the run directory reads of the config."""
@@ -32,10 +44,11 @@ class RunDirSettings:
     run_dir: str            # parent folder; '' writes nothing
     name: str               # the folder's name; '' = stem + timestamp
     resume: str             # a resume continues the run found in the folder, a fresh run needs it empty
-    stem: str               # model-dataset, for a generated name
+    stem: str               # model-dataset, for a generated name (the class's name for a model not built from it)
     tracking: str           # decides whether other hosts sample their CPU/memory for rank 0's tracker
     elastic: bool           # hosts change mid-run: rank 0's host alone is sampled
     record: TrainConfig     # written whole to config.yaml and the tracker's params; decides nothing here
+    model: ModelRecord | None = None   # a model not built from the config: model.json says how to rebuild it
 
     @classmethod
     def of(cls, config: TrainConfig) -> RunDirSettings:
@@ -70,9 +83,14 @@ class RunDirectory:
         self._host_sampler: system.SystemSampler | None = None
         self._announced = False
 
-    def record(self, config: TrainConfig) -> None:
-        """The config its files record (the Trainer's: a user's DataLoader may have set the batch size)."""
-        self.settings = dataclasses.replace(self.settings, record=config)
+    def record(self, config: TrainConfig, model: ModelRecord | None = None) -> None:
+        """The config its files record (the Trainer's: a user's DataLoader may have set the batch size), and, for a
+        model not built from `config.model`, how to rebuild it: written to model.json, its class in config.yaml's
+        `model`, its class name leading the run's name (`widemlp-digits-...`, not `cnn-digits-...`)."""
+        stem = f"{model.name if model else config.model}-{config.dataset}"
+        if model is not None:
+            config = dataclasses.replace(config, model=model.cls)
+        self.settings = dataclasses.replace(self.settings, record=config, model=model, stem=stem)
 
     @property
     def path(self) -> str | None:
@@ -140,6 +158,8 @@ class RunDirectory:
         if self.log is None and self.path:
             self.log = RunLog(self.path, self.settings.record, backend=backend, device=device,
                               branch_from=branch_from)
+            if self.settings.model is not None:
+                self.settings.model.write(self.path)
         return self.log
 
     def host_samples(self) -> list[Any]:

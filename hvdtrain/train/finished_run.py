@@ -2,7 +2,10 @@
 
 The one reader for what comes after training: `hvdtrain predict`, `hvdtrain compress` and tuning's
 best.yaml. A run directory holds config.yaml and model.pt (written by training); a checkpoint
-(checkpoints/ckpt-STEP.pt) carries its own config. Every problem is a one-line UserError.
+(checkpoints/ckpt-STEP.pt) carries its own config. The model is rebuilt from, in this order: a builder the
+caller names (`--model module:function`), the run's model.json (a Trainer given the user's own model writes
+it: models/recipe.py), or the config's `model`. Weights load strictly, so a rebuilt model that differs from
+the trained one is an error, never a silently different architecture. Every problem is a one-line UserError.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from torch import nn
 from hvdtrain.config.train_config import TrainConfig, load_config
 from hvdtrain.data.datasets import Data, build_data, input_shape
 from hvdtrain.errors import UserError, first_line
+from hvdtrain.models import recipe
 from hvdtrain.models.builtin import build_model
 from hvdtrain.output.plain_weights import load_plain_state
 from hvdtrain.train import checkpoint
@@ -30,6 +34,7 @@ class FinishedRun:
     model: nn.Module            # in eval mode
     data: Data
     input_shape: tuple[int, ...]  # of one sample
+    model_record: recipe.ModelRecipe | None = None   # model.json's record, when the model was rebuilt from it
 
     @property
     def model_bytes(self) -> int:
@@ -75,19 +80,38 @@ def read_trained(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainConfig
     return state, read_config(file.parent), file
 
 
-def rebuild(config: TrainConfig, state: dict[str, torch.Tensor], data: Data, weights: Path | str = "") -> nn.Module:
-    """The model of `config` for `data`, with the trained `state` loaded, in eval mode.
+def run_dir_of(weights: Path) -> Path:
+    """The run directory a weights file belongs to (a checkpoint's is the folder above checkpoints/)."""
+    return weights.parent.parent if weights.parent.name == "checkpoints" else weights.parent
+
+
+def model_recipe(weights: Path) -> recipe.ModelRecipe | None:
+    """The model.json of the run `weights` belongs to: how to rebuild a model not built from the config."""
+    return recipe.read(run_dir_of(weights))
+
+
+def rebuild(config: TrainConfig, state: dict[str, torch.Tensor], data: Data, weights: Path | str = "",
+            model_record: recipe.ModelRecipe | None = None) -> nn.Module:
+    """The model of `model_record` (model.json), else of `config`, for `data`, with the trained `state` loaded,
+    in eval mode.
 
     Built under the run's seed (a model may draw buffers that no state dict holds) without moving the
     caller's random numbers.
     """
+    where = weights or "the weights"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = build_model(config, input_shape(data.train), data.num_classes)
+        if model_record is not None:
+            model = model_record.build(run_dir_of(Path(weights)) if weights else "the run")
+        else:
+            model = build_model(config, input_shape(data.train), data.num_classes)
     try:
         load_plain_state(model, state)  # older files of compiled models carry `_orig_mod.` in their keys
     except (RuntimeError, TypeError, AttributeError, KeyError) as err:
-        raise UserError(f"{weights or 'the weights'} does not fit the model of its config ({config.model}): "
+        if model_record is not None:
+            raise UserError(f"{where} does not fit {model_record.call}, rebuilt from model.json: "
+                            f"{first_line(err, 160)}; {recipe.FIX}") from None
+        raise UserError(f"{where} does not fit the model of its config ({config.model}): "
                         f"{first_line(err, 160)}") from None
     return model.eval()
 
@@ -97,14 +121,22 @@ def read(path: str | Path, **changes: Any) -> FinishedRun:
 
     Args:
         path: where the run is.
-        **changes: config values to override before the data is built, e.g. dataset="digits".
+        **changes: config values to override before the data is built, e.g. dataset="digits"; model=
+            "module:function" names a builder for a run whose model.json says hvdtrain cannot rebuild it.
+    Raises:
+        UserError: no weights or config; a model that cannot be rebuilt (why, and the fix); weights that do
+            not fit the rebuilt model.
     Example:
         >>> run = read("runs/mlp-digits")
         >>> run.model(run.data.val[0][0][None]).argmax(1)
     """
     state, config, file = read_trained(path)
+    # A builder named by the caller replaces the record; otherwise model.json, checked before the data loads.
+    record = None if changes.get("model") else model_recipe(file)
+    if record is not None:
+        record.check(run_dir_of(file))
     if changes:
         config = load_config(**{**config.to_dict(), **changes})
     data = build_data(config)
-    run_dir = file.parent.parent if file.parent.name == "checkpoints" else file.parent
-    return FinishedRun(run_dir, file, config, rebuild(config, state, data, file), data, input_shape(data.train))
+    return FinishedRun(run_dir_of(file), file, config, rebuild(config, state, data, file, record), data,
+                       input_shape(data.train), record)

@@ -18,7 +18,7 @@ from hvdtrain.data.streaming import stream_source
 from hvdtrain.data.user_loader import prepare, unwrap
 from hvdtrain.distributed import collectives, gradients, runtime, settings, sync_bn
 from hvdtrain.errors import Stopped, UserError
-from hvdtrain.models.builtin import build_model
+from hvdtrain.models.builtin import build_model, recipe_for
 from hvdtrain.models.compiled import compile_model, is_compiled
 from hvdtrain.models.pipeline import place
 from hvdtrain.output.console import banner_lines, console
@@ -108,7 +108,7 @@ class Trainer:
         self.loss_fn: LossFn = loss_fn or default_loss(config.loss, first)
         self.float_buffers = [] if config.sync_bn else [b for b in self.model.buffers() if b.is_floating_point()]
         self.run = run_directory or RunDirectory(RunDirSettings.of(config))
-        self.run.record(config)   # the config it writes (a user's DataLoader may have set the batch size)
+        self.run.record(config, recipe_for(model, config))   # config.yaml; model.json for a model not built from it
         sections = MetricsSettings.of(config)   # the metrics' layout follows from one step on the first batch
         self.reporter = Reporter(sections, first_batch_layout(
             sections, metrics, self.model, first, self.device, lambda m, b: check_step(m, b, self.loss_fn, step_fn),

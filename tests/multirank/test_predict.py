@@ -1,6 +1,7 @@
 """`hvdtrain predict`: sharded inference under horovodrun, a local process pool, and one process."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -9,10 +10,12 @@ import pytest
 import torch
 from conftest import ROOT, horovodrun, show
 from safetensors.torch import save_file
+from user_models import WideMLP  # noqa: E402
 
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.data.datasets import build_data
 from hvdtrain.models.builtin import build_model
+from hvdtrain.models.recipe import describe
 from hvdtrain.train import checkpoint
 from hvdtrain.train.evaluation import interleave
 
@@ -42,9 +45,13 @@ def trained(tmp_path_factory):
     return root, expected
 
 
+# A user's model class is imported from its module in every rank and pool process.
+PLUGINS = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"), os.environ.get("PYTHONPATH")]))}
+
+
 def run_predict(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hvdtrain", "predict", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env={**os.environ, **PLUGINS})
 
 
 def test_three_ranks_write_1001_outputs_in_order(trained, tmp_path):
@@ -76,6 +83,30 @@ def test_safetensors_weights_predict_the_same(trained, tmp_path):
     proc = run_predict("--checkpoint", str(root / "run" / "model.safetensors"), "--out", str(tmp_path / "st.pt"))
     assert proc.returncode == 0, show(proc)
     torch.testing.assert_close(torch.load(tmp_path / "st.pt", weights_only=True), expected, atol=1e-6, rtol=0)
+
+
+def test_a_run_of_a_user_model_class_predicts_as_that_class_on_ranks_and_in_a_pool(tmp_path):
+    """A Trainer run of WideMLP(12, depth=3) as it leaves its folder: config.yaml naming the class, model.pt and
+    model.json; every rank and pool process rebuilds WideMLP(12, depth=3) from the record."""
+    config = load_config(**{**JOB, "model": "user_models:WideMLP"})
+    data = build_data(config)
+    torch.manual_seed(5)
+    model = WideMLP(12, depth=3, classes=data.num_classes, inputs=10).eval()
+    run = tmp_path / "widemlp-synthetic"
+    run.mkdir()
+    (run / "config.yaml").write_text(to_yaml(config))
+    torch.save(model.state_dict(), run / "model.pt")
+    describe(model).write(run)
+    inputs = torch.stack([data.val[i][0] for i in range(len(data.val))])
+    with torch.no_grad():
+        expected = model(inputs)
+    proc = horovodrun(2, ["-m", "hvdtrain", "predict", "--checkpoint", str(run), "--out", str(tmp_path / "two.pt")],
+                      "gloo", env=PLUGINS)
+    assert proc.returncode == 0, show(proc)
+    torch.testing.assert_close(torch.load(tmp_path / "two.pt", weights_only=True), expected, atol=1e-6, rtol=0)
+    pool = run_predict("--checkpoint", str(run), "--out", str(tmp_path / "pool.pt"), "--procs", "2")
+    assert pool.returncode == 0, show(pool)
+    torch.testing.assert_close(torch.load(tmp_path / "pool.pt", weights_only=True), expected, atol=1e-6, rtol=0)
 
 
 def test_interleave_restores_the_order_of_uneven_shards():

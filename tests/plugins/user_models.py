@@ -67,3 +67,28 @@ class TwoHeads(nn.Module):
 def two_heads_loss(outputs, targets):
     logits, _ = outputs
     return nn.functional.cross_entropy(logits, targets)
+
+
+class WideMLP(nn.Module):
+    """An MLP whose architecture is its constructor arguments, each kept as the attribute of the same name:
+    what lets hvdtrain rebuild it for predict and compress (model.json)."""
+
+    def __init__(self, width: int, depth: int = 2, classes: int = 10, activation: str = "relu",
+                 inputs: int = 64) -> None:
+        super().__init__()
+        self.width, self.depth, self.classes, self.activation = width, depth, classes, activation
+        self.inputs = inputs
+        act = {"relu": nn.ReLU, "gelu": nn.GELU}[activation]
+        layers: list[nn.Module] = [nn.Flatten(), nn.Linear(inputs, width), act()]
+        for _ in range(depth - 1):
+            layers += [nn.Linear(width, width), act()]
+        self.layers = nn.Sequential(*layers, nn.Linear(width, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def tiny_encoder(config, input_shape, num_classes):
+    """A builder for `--model user_models:tiny_encoder`: TinyEncoder keeps none of its arguments, so hvdtrain
+    cannot rebuild a run of it by itself."""
+    return TinyEncoder(width=16, classes=num_classes)
