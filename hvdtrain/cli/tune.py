@@ -2,6 +2,7 @@
 
   hvdtrain tune --space space.yaml --trials 6 --np 2 --parallel 2 --model mlp --epochs 5
   horovodrun -np 2 -H localhost:2 --gloo python -m hvdtrain tune --mode inprocess --space space.yaml --trials 4
+  hvdtrain tune --space space.yaml --trials 8 --train-fn mymod:train   # your model: mymod.py's train(config)
 
 Re-running the same command resumes the study in --dir: finished trials are kept, trials a killed run
 left behind are marked failed and run again. Results: --dir/best.yaml (python -m hvdtrain --config it),

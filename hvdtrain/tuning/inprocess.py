@@ -14,27 +14,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import collectives, runtime
 from hvdtrain.distributed.settings import horovod_env
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.tracking.study_run import StudyRun
 from hvdtrain.train.lr_schedule import scaled_lr
-from hvdtrain.tuning.report import Progress
+from hvdtrain.tuning.report import Progress, announce
 from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import Param, trial_config
 from hvdtrain.tuning.study import Study, open_study
+from hvdtrain.tuning.train_fn import TrainFn, built_in, describe, fit_trial
 
 
 def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSettings,
-                  tracked: StudyRun | None = None) -> Study | None:
+                  tracked: StudyRun | None = None, train_fn: TrainFn | None = None) -> Study | None:
     """Every rank runs this; trials go until the study holds settings.trials finished ones.
 
     Args:
         space: the parsed search space; base: the config each trial starts from; settings: the study's.
         tracked: rank 0's parent run of the study (tracking/study_run.py): each trial's run nests under it.
+        train_fn: the user's model and data (train_fn.py); None: the ones the config names.
     Returns:
         The open Study on rank 0 (for the report), None on the other ranks.
     Raises:
@@ -54,6 +54,8 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
     if error:
         raise UserError(error)
     progress = Progress(settings, study.finished() if study else 0, enabled=world.is_root)
+    if study is not None:
+        announce(study, progress)
     ranks_log = Path(settings.dir) / "ranks" / f"rank-{world.rank}.jsonl"
     ranks_log.parent.mkdir(parents=True, exist_ok=True)
     folder = str(Path(settings.dir).resolve() / "trials")
@@ -62,12 +64,14 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
     # A trial's tracker (rank 0's, started by its Trainer) finds the study's store and parent run here, as a
     # trial job finds them in its environment.
     nested = _Environment(tracked.env if tracked else {})
+    attrs = {"mode": "inprocess", "world_size": world.size, "lr_scaling": base.lr_scaling, "lr_scale": scale,
+             **({"train_fn": describe(train_fn)} if train_fn else {})}
+    unpruned_said = False
     try:
         while True:
             trial = None
             if study is not None and study.remaining() > 0 and failures < settings.failure_limit:
-                trial = study.ask(space, {"mode": "inprocess", "world_size": world.size,
-                                          "lr_scaling": base.lr_scaling, "lr_scale": scale})
+                trial = study.ask(space, attrs)
                 trial.set_user_attr("run_dir", str(Path(folder) / f"trial-{trial.number:04d}"))
             # Horovod: every rank trains the parameters rank 0 sampled.
             plan = collectives.broadcast_object((trial.number, trial.params) if trial else None, name="tune_trial")
@@ -77,7 +81,8 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
             started = time.monotonic()
             try:
                 with nested:
-                    outcome = _run_trial(trial, number, params, base, settings, folder, ranks_log, world.rank)
+                    outcome = _run_trial(trial, number, params, base, settings, folder, ranks_log, world.rank,
+                                         train_fn or built_in)
             except Stopped:     # SIGINT/SIGTERM: every rank stopped at the same step; a re-run retries it
                 if study is not None and trial is not None:
                     study.interrupted(trial, "the job was stopped by a signal while this trial ran")
@@ -85,6 +90,10 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
             if study is not None and trial is not None:
                 trial.set_user_attr("duration_s", round(time.monotonic() - started, 2))
                 failures += not _record(study, trial, outcome, settings)
+                if outcome.get("fitted_by_train_fn") and settings.pruner != "none" and not unpruned_said:
+                    unpruned_said = True
+                    progress.line(f"tune: {describe(train_fn)} fitted its Trainer itself: inprocess mode cannot "
+                                  "prune such trials; return the Trainer unfitted and the tuner fits it")
                 if tracked:
                     tracked.trial_done(study.optuna.trials[number], Path(folder) / f"trial-{number:04d}")
                 progress.trial_done(study, study.optuna.trials[number])
@@ -94,12 +103,8 @@ def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSett
 
 
 def _run_trial(trial: Any, number: int, params: dict[str, Any], base: TrainConfig, settings: TuneSettings,
-               folder: str, ranks_log: Path, rank: int) -> dict[str, Any]:
+               folder: str, ranks_log: Path, rank: int, train_fn: TrainFn) -> dict[str, Any]:
     """Train one trial on every rank; the outcome (value, pruned epoch or error) is the same on all."""
-    from hvdtrain.data.datasets import build_data
-    from hvdtrain.models.builtin import build_model
-    from hvdtrain.train.trainer import Trainer
-
     verdicts: list[bool] = []
 
     def after_epoch(record: dict[str, Any]) -> bool:
@@ -115,13 +120,16 @@ def _run_trial(trial: Any, number: int, params: dict[str, Any], base: TrainConfi
     outcome: dict[str, Any] = {}
     try:
         config = trial_config(base, params, run_dir=folder, name=f"trial-{number:04d}")
-        torch.manual_seed(config.seed)
-        data = build_data(config)
-        model = build_model(config, tuple(data.train[0][0].shape), data.num_classes)
-        with Trainer(model, data.train, data.val, config=config) as trainer:   # gives the run folder back
-            history = trainer.fit(after_epoch=after_epoch)
+        fitted = fit_trial(train_fn, config, after_epoch)
+        history = fitted.history
         outcome = {"value": history.summary.get(settings.metric), "pruned_at": len(verdicts) - 1
                    if verdicts and verdicts[-1] else None}
+        if not fitted.fitted_by_tuner:   # train_fn fitted it: its epochs are reported now, none could be pruned
+            outcome["fitted_by_train_fn"] = True
+            if trial is not None:
+                for record in history:
+                    if record.get(settings.metric) is not None:
+                        trial.report(record[settings.metric], record["epoch"])
     except UserError as err:    # a bad combination or a diverged run: the same verdict on every rank
         outcome = {"error": str(err)}
     with ranks_log.open("a") as handle:   # each rank's own account, to check they trained the same trials

@@ -29,6 +29,7 @@ from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.slurm import srun_command, step_env
 from hvdtrain.tuning.space import Param, trial_config
 from hvdtrain.tuning.study import Study, stop_leftover_job
+from hvdtrain.tuning.train_fn import search_path, trial_program
 
 POLL_S = 0.2
 STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGUSR1)   # a worker's exit after a stop signal and its checkpoint
@@ -55,8 +56,9 @@ class Job:
 
 
 def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
-    """The trial's launch command: `horovodrun -np M -H HOSTS --gloo ... python -m hvdtrain --config FILE`,
-    or with --launcher srun a job step of this Slurm allocation (hvdtrain/tuning/slurm.py)."""
+    """The trial's launch command: `horovodrun -np M -H HOSTS --gloo ... python -m hvdtrain --config FILE`
+    (with a train_fn, its worker program: train_fn.trial_program), or with --launcher srun a job step of this
+    Slurm allocation (hvdtrain/tuning/slurm.py)."""
     if settings.launcher == "srun":
         return srun_command(config_file, settings)
     hosts = settings.hosts or f"localhost:{settings.np}"
@@ -68,7 +70,7 @@ def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
                "--start-timeout", "120", "--disable-cache"]
     if hosts.startswith("localhost:"):
         command += ["--network-interfaces", "lo"]   # Horovod: one machine, talk over loopback
-    return [*command, sys.executable, "-m", "hvdtrain", "--config", str(config_file)]
+    return [*command, *trial_program(config_file, settings.train_fn)]
 
 
 def _graced(settings: TuneSettings) -> bool:
@@ -96,12 +98,20 @@ def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress:
     settings = study.settings
     # Credentials reach the workers in a 0600 file beside the trials' run dirs, never on a command line; the
     # study's store URI is split with them (one with a password is a credential).
-    env, secrets_file, _ = worker_env({**os.environ, **(tracked.env if tracked else {}), **step_env(os.environ)},
-                                      Path(settings.dir).resolve())
+    env, secrets_file, _ = worker_env({**os.environ, **(tracked.env if tracked else {}), **step_env(os.environ),
+                                       **_import_path(settings.train_fn, os.environ)}, Path(settings.dir).resolve())
     try:
         _run_all(study, space, base, progress, env, tracked)
     finally:
         remove_quietly(secrets_file)
+
+
+def _import_path(reference: str, env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """PYTHONPATH for the trials' workers to import train_fn's module from where this process found it."""
+    folder = search_path(reference) if reference else None
+    if not folder:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (folder, env.get("PYTHONPATH", "")) if p)}
 
 
 def _run_all(study: Study, space: dict[str, Param], base: TrainConfig, progress: Progress,
@@ -162,7 +172,7 @@ def _start(study: Study, space: dict[str, Param], base: TrainConfig, env: dict[s
     threads = base.threads or max(1, (os.cpu_count() or 1) // (settings.np * settings.parallel))
     scale = scaled_lr(1.0, settings.np, base.lr_scaling)
     trial = study.ask(space, {"mode": "job", "world_size": settings.np, "lr_scaling": base.lr_scaling,
-                              "lr_scale": scale})
+                              "lr_scale": scale, **({"train_fn": settings.train_fn} if settings.train_fn else {})})
     name = f"trial-{trial.number:04d}"
     try:
         config = trial_config(base, trial.params, run_dir=str(folder), name=name, threads=threads)

@@ -5,6 +5,7 @@ one write each, and a tqdm bar over trials only in a terminal of the user's own.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,20 @@ class Progress:
     def close(self) -> None:
         if self.enabled:
             console.close_bar()
+
+
+def announce(study: Any, progress: Progress) -> None:
+    """What this invocation will do: the study resumed (if it was), the trials left, how they run."""
+    settings, done = study.settings, study.finished()
+    if done or study.recovered:
+        again = f"; {len(study.recovered)} interrupted trial(s) marked failed and queued again" \
+            if study.recovered else ""
+        progress.line(f"tune: resuming study '{settings.study}' in {settings.dir}: {done} of {settings.trials} "
+                      f"trials finished{again}")
+    how = (f"{settings.np} workers per trial, {settings.parallel} at a time" if settings.mode == "job"
+           else "inside this Horovod job")
+    progress.line(f"tune: {study.remaining()} trial(s) to run, {how}; {settings.sampler} sampler, "
+                  f"{settings.pruner} pruner on {settings.metric}")
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -120,13 +135,23 @@ def write_best(study: Any, settings: TuneSettings, run_dir: str) -> Path | None:
     best = study.best_trial
     config = finished_run.read_config(best.user_attrs["run_dir"], run_dir=run_dir, name="", resume="")
     workers = best.user_attrs.get("world_size", 1)
+    file = Path(settings.dir) / "best.yaml"
     header = (f"# hvdtrain tune: best of study '{settings.study}' in {settings.dir} (trial {best.number}, "
               f"{len(complete)} complete): {settings.metric} {best.value:.4f}\n"
               f"# trained on {workers} worker(s), LR x{best.user_attrs.get('lr_scale', 1):g} "
               f"({config.lr_scaling} scaling); reproduce with:\n"
-              f"#   horovodrun -np {workers} -H localhost:{workers} python -m hvdtrain --config "
-              f"{Path(settings.dir) / 'best.yaml'}\n")
+              f"#   horovodrun -np {workers} -H localhost:{workers} {_program(best.user_attrs, file)}\n")
     return write_text(Path(settings.dir) / "best.yaml", header + to_yaml(config))
+
+
+def _program(attrs: dict[str, Any], file: Path) -> str:
+    """The worker program that trains best.yaml again: hvdtrain's own, or the study's train_fn's."""
+    train_fn = str(attrs.get("train_fn", ""))
+    if not train_fn:
+        return f"python -m hvdtrain --config {file}"
+    if ":" in train_fn:   # importable: the program job-mode trials ran
+        return f"python -m hvdtrain.tuning.trial_worker --train-fn {train_fn} --config {file}"
+    return f"python SCRIPT, where SCRIPT fits the Trainer that {train_fn}(hvdtrain.load_config('{file}')) returns"
 
 
 def write_plots(study: Any, settings: TuneSettings) -> tuple[list[Path], list[str]]:
@@ -155,7 +180,8 @@ def write_plots(study: Any, settings: TuneSettings) -> tuple[list[Path], list[st
         ax.scatter([t.number for t in pruned], [t.intermediate_values[max(t.intermediate_values)] for t in pruned],
                    marker="x", color="C3", label="pruned (last epoch seen)")
     ax.set(xlabel="trial", ylabel=settings.metric, title="optimization history")
-    ax.legend(loc="best")
+    if complete or pruned:   # nothing to label when every trial failed
+        ax.legend(loc="best")
     fig.savefig(folder / "history.png", dpi=80)
     written.append(folder / "history.png")
     if len(complete) < 2:
@@ -164,10 +190,13 @@ def write_plots(study: Any, settings: TuneSettings) -> tuple[list[Path], list[st
     try:
         import optuna
 
-        importance = optuna.importance.get_param_importances(study)
+        with warnings.catch_warnings(record=True) as said:   # Optuna's own warnings: a note, not a traceback line
+            warnings.simplefilter("always")
+            importance = optuna.importance.get_param_importances(study)
     except (ValueError, RuntimeError) as err:
         notes.append(f"parameter importance could not be computed ({err}): no importance.png")
         return written, notes
+    notes.extend(f"parameter importance: {warning.message}" for warning in said)
     fig = Figure(figsize=(6, 1.5 + 0.4 * len(importance)))
     ax = fig.add_subplot()
     names = list(importance)[::-1]

@@ -6,6 +6,7 @@ from typing import Literal
 
 from hvdtrain.config.fields import option
 from hvdtrain.errors import ConfigError
+from hvdtrain.tuning.train_fn import check_reference
 
 MODES = ("job", "inprocess")
 METRICS = {"val_acc": "maximize", "val_loss": "minimize"}
@@ -40,6 +41,9 @@ class TuneSettings:
     study: str = option("hvdtrain", "study name inside the journal")
     max_failures: int = option(0, "stop after this many failed trials in one invocation; 0 = same as trials")
     grace_s: float = option(60.0, "job mode: after SIGTERM, seconds before a trial's job is killed")
+    train_fn: str = option("", "your own model and data: 'module:function' taking the trial's TrainConfig and "
+                           "returning an hvdtrain.Trainer built with it, unfitted (the tuner fits and prunes it); "
+                           "'' = the model and data the config names", metavar="MODULE:FUNCTION")
 
     def __post_init__(self) -> None:
         for key in ("trials", "np", "parallel"):
@@ -52,6 +56,8 @@ class TuneSettings:
                              ("pruner", PRUNERS), ("backend", BACKENDS), ("launcher", LAUNCHERS)):
             if getattr(self, key) not in choices:
                 raise ConfigError(f"tune: {key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
+        if self.train_fn:
+            check_reference(self.train_fn)
         if not self.dir:
             raise ConfigError("tune: dir must name a folder for the study")
         if self.mode == "inprocess" and self.parallel != 1:

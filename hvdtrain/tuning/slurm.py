@@ -9,13 +9,13 @@ the environment, so they are tested without Slurm.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from hvdtrain.cluster.slurm import run_name
 from hvdtrain.errors import ConfigError
 from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.train_fn import trial_program
 
 
 def in_allocation(settings: TuneSettings, env: Mapping[str, str]) -> TuneSettings:
@@ -47,7 +47,8 @@ def in_allocation(settings: TuneSettings, env: Mapping[str, str]) -> TuneSetting
 
 
 def srun_command(config_file: Path, settings: TuneSettings) -> list[str]:
-    """One trial as a job step: `srun --ntasks NP --mpi=pmix|none ... python -m hvdtrain --config FILE`.
+    """One trial as a job step: `srun --ntasks NP --mpi=pmix|none ... python -m hvdtrain --config FILE` (with a
+    train_fn, its worker program: train_fn.trial_program).
 
     Example:
         >>> srun_command(Path("t/trial-0001.yaml"), TuneSettings(trials=2, np=2, backend="mpi"))[:3]
@@ -57,7 +58,7 @@ def srun_command(config_file: Path, settings: TuneSettings) -> list[str]:
     mpi = "pmix" if settings.backend == "mpi" else "none"
     # --kill-on-bad-exit: a crashing worker ends the step at once instead of leaving the others in a collective.
     return ["srun", f"--ntasks={settings.np}", f"--mpi={mpi}", "--kill-on-bad-exit=1",
-            f"--job-name={config_file.stem}", sys.executable, "-m", "hvdtrain", "--config", str(config_file)]
+            f"--job-name={config_file.stem}", *trial_program(config_file, settings.train_fn)]
 
 
 def step_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -1,21 +1,29 @@
-"""hvdtrain tune without Horovod: the search space, settings, the study on disk (real Optuna), the report,
-and bad input through the real command line (one line, exit 2, nothing written)."""
+"""hvdtrain tune without a launcher: the search space, settings, the study on disk (real Optuna), the report,
+bad input through the real command line (one line, exit 2, nothing written), and a train_fn's trials on one
+real Horovod worker in this process."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import ROOT
+from torch import nn
+from torch.utils.data import TensorDataset
 
+import hvdtrain
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.errors import ConfigError, UserError
+from hvdtrain.tuning.job_runner import job_command
 from hvdtrain.tuning.report import results_table, write_best, write_plots
 from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import check_against, load_space, parse_space, trial_config
 from hvdtrain.tuning.study import open_study, write_trials_json
+from hvdtrain.tuning.train_fn import reference_of
 
 SPACE = {"lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True},
          "batch_size": {"type": "categorical", "choices": [16, 32, 64]},
@@ -153,6 +161,9 @@ def tune_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     ("lr: {type: float, low: 0.01, high: 1}\n", ["--trials", "0"], "tune: trials must be >= 1, got 0"),
     ("lr: {type: float, low: 0.01, high: 1}\n", ["--epochz", "2"], "unknown config key 'epochz'"),
     ("lr: [0.1\n", [], "YAML syntax error"),
+    ("lr: {type: float, low: 0.01, high: 1}\n", ["--train-fn", "mymod"], "train_fn must be 'module:function'"),
+    ("lr: {type: float, low: 0.01, high: 1}\n", ["--train-fn", "no_such_mod_52:train"],
+     "cannot import module 'no_such_mod_52' for --train-fn no_such_mod_52:train"),
 ])
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, space, args, message):
     (tmp_path / "space.yaml").write_text(space)
@@ -182,7 +193,7 @@ def test_the_python_api_is_hvdtrain_tune_and_loads_lazily():
 def test_cli_help_lists_the_tune_options_and_the_config_keys(tmp_path):
     proc = tune_cli("--help", cwd=tmp_path)
     assert proc.returncode == 0
-    for flag in ("--space", "--trials", "--parallel", "--mode", "--pruner", "--sampler-seed", "--lr "):
+    for flag in ("--space", "--trials", "--parallel", "--mode", "--pruner", "--sampler-seed", "--train-fn", "--lr "):
         assert flag in proc.stdout, flag
 
 
@@ -224,3 +235,85 @@ def test_a_second_study_in_one_dir_is_refused_in_one_line_before_writing_anythin
     again = open_study(TuneSettings(trials=2, dir=str(tmp_path / "tune"), study="lr-search"))
     assert again.finished() == 1  # its own study continues there
     again.close()
+
+
+# ---- your own model and data: train_fn (issue 52)
+
+def tiny(config):
+    """A train_fn: an unfitted Trainer of a model class hvdtrain does not know, on 4 blobs."""
+    torch.manual_seed(0)
+    x, y = torch.randn(96, 4), torch.arange(96) % 4
+    x += nn.functional.one_hot(y, 4) * 4
+    return hvdtrain.Trainer(nn.Linear(4, 4), TensorDataset(x[:64], y[:64]), TensorDataset(x[64:], y[64:]),
+                            config=config)
+
+
+def test_a_module_function_has_a_reference_a_lambda_or_nested_one_has_none():
+    def nested(config):
+        return config
+
+    assert reference_of(tiny) == f"{__name__}:tiny"
+    assert reference_of(lambda config: config) is None and reference_of(nested) is None
+    assert reference_of(hvdtrain.fit) == "hvdtrain.train.trainer:fit"     # where it is defined, not re-exported
+
+
+@pytest.mark.parametrize("train_fn", [lambda config: config, "nested"])
+def test_job_mode_refuses_a_train_fn_a_new_process_cannot_import_before_writing_anything(tmp_path, train_fn):
+    def nested(config):
+        return config
+
+    with pytest.raises(ConfigError, match="put it at the top of a module .* or use mode='inprocess'") as err:
+        hvdtrain.tune({"lr": {"type": "float", "low": 0.01, "high": 0.3}}, 2, dir=str(tmp_path / "study"),
+                      train_fn=nested if train_fn == "nested" else train_fn)
+    assert "job mode starts each trial as a new process" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "study").exists()
+
+
+def test_job_and_srun_trials_run_the_train_fn_worker_program():
+    config = Path("/s/trials/trial-0003.yaml")
+    program = ["-m", "hvdtrain.tuning.trial_worker", "--train-fn", "mymod:train", "--config", str(config)]
+    assert job_command(config, TuneSettings(trials=2, train_fn="mymod:train"))[-7:] == [sys.executable, *program]
+    assert job_command(config, TuneSettings(trials=2, train_fn="mymod:train", launcher="srun"))[-7:] == [
+        sys.executable, *program]
+    assert job_command(config, TuneSettings(trials=2))[-4:] == ["-m", "hvdtrain", "--config", str(config)]
+
+
+def test_cli_train_fn_from_the_working_folder_without_that_function_is_one_line(tmp_path):
+    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 0.01, high: 0.3}\n")
+    (tmp_path / "mymod.py").write_text("trian = 1\n")
+    # The `hvdtrain` script, whose sys.path starts at its own folder, finds mymod where its workers will: here.
+    proc = subprocess.run([str(Path(sys.executable).parent / "hvdtrain"), "tune", "--space", "space.yaml",
+                           "--trials", "1", "--dir", "study", "--train-fn", "mymod:train"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "module 'mymod' (" in lines[0] and "has no function 'train' for --train-fn mymod:train" in lines[0]
+    assert not (tmp_path / "study").exists()
+
+
+def fitted_itself(config):
+    with tiny(config) as trainer:
+        trainer.fit()
+    return trainer
+
+
+def elsewhere(config):
+    return tiny(trial_config(config, {}, name="not-the-trial"))
+
+
+@pytest.mark.parametrize("train_fn, state, said", [
+    (tiny, "COMPLETE", ""),
+    (fitted_itself, "COMPLETE", "fitted its Trainer itself: inprocess mode cannot prune"),
+    (lambda config: tiny(config).fit(), "COMPLETE", "fitted its Trainer itself"),      # its History
+    (lambda config: "a model", "FAIL", "train_fn must return an hvdtrain.Trainer built with config=config"),
+    (elsewhere, "FAIL", "not to the trial's"),
+])
+def test_inprocess_train_fn_one_worker_what_it_may_return(tmp_path, capsys, train_fn, state, said):
+    result = hvdtrain.tune({"lr": {"type": "float", "low": 0.05, "high": 0.2}}, 1, train_fn=train_fn,
+                           config=load_config(epochs=2, batch_size=16, threads=1, tensorboard=False, tracking="none"),
+                           dir=str(tmp_path / "study"), mode="inprocess")
+    [trial] = result.trials
+    assert trial["state"] == state, trial
+    if state == "COMPLETE":
+        assert trial["epochs"] == 2 and trial["value"] == result.best_value > 0.5, trial   # every epoch reported
+    assert said in (trial.get("error", "") if state == "FAIL" else capsys.readouterr().out)
