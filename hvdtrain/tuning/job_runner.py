@@ -29,7 +29,7 @@ from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.slurm import srun_command, step_env
 from hvdtrain.tuning.space import Param, trial_config
 from hvdtrain.tuning.study import Study, stop_leftover_job
-from hvdtrain.tuning.train_fn import search_path, trial_program
+from hvdtrain.tuning.train_fn import trial_program, worker_import_path
 
 POLL_S = 0.2
 STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGUSR1)   # a worker's exit after a stop signal and its checkpoint
@@ -92,26 +92,17 @@ def run_jobs(study: Study, space: dict[str, Param], base: TrainConfig, progress:
     Args:
         study: the open study; base: the config every trial starts from; progress: where lines go;
         tracked: the study's MLflow run, which each trial's run nests under (None: untracked).
-    Example:
-        >>> run_jobs(open_study(settings), load_space("space.yaml"), load_config("base.yaml"), Progress(settings))
     """
     settings = study.settings
     # Credentials reach the workers in a 0600 file beside the trials' run dirs, never on a command line; the
     # study's store URI is split with them (one with a password is a credential).
-    env, secrets_file, _ = worker_env({**os.environ, **(tracked.env if tracked else {}), **step_env(os.environ),
-                                       **_import_path(settings.train_fn, os.environ)}, Path(settings.dir).resolve())
+    found = {**os.environ, **(tracked.env if tracked else {}), **step_env(os.environ)}
+    env, secrets_file, _ = worker_env({**found, **worker_import_path(settings.train_fn, os.environ)},
+                                      Path(settings.dir).resolve())
     try:
         _run_all(study, space, base, progress, env, tracked)
     finally:
         remove_quietly(secrets_file)
-
-
-def _import_path(reference: str, env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
-    """PYTHONPATH for the trials' workers to import train_fn's module from where this process found it."""
-    folder = search_path(reference) if reference else None
-    if not folder:
-        return {}
-    return {"PYTHONPATH": os.pathsep.join(p for p in (folder, env.get("PYTHONPATH", "")) if p)}
 
 
 def _run_all(study: Study, space: dict[str, Param], base: TrainConfig, progress: Progress,

@@ -14,10 +14,12 @@ still prunes it (the tune process signals the trial's job), inprocess mode canno
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,23 +60,46 @@ def resolve(reference: str) -> TrainFn:
     """
     check_reference(reference)
     module_name, _, name = reference.partition(":")
-    here = os.getcwd()
-    added = here not in sys.path and "" not in sys.path   # the `hvdtrain` script's path starts at its own folder
-    if added:
-        sys.path.insert(0, here)
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ImportError as err:
         raise UserError(f"tune: cannot import module {module_name!r} for --train-fn {reference}: {err} (run from "
                         "the folder that holds it, or put that folder on PYTHONPATH)") from None
-    finally:
-        if added:
-            sys.path.remove(here)
     function = getattr(module, name, None)
     if not callable(function):
         raise UserError(f"tune: module {module_name!r} ({getattr(module, '__file__', '?')}) has no function "
                         f"{name!r} for --train-fn {reference}")
     return function
+
+
+def _import(module_name: str) -> Any:
+    """The module, from sys.path or else from the working folder (the `hvdtrain` console script's sys.path starts
+    at its own folder, not the one it runs in; the trial workers get that folder on PYTHONPATH)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        top = module_name.partition(".")[0]
+        if err.name != top:
+            raise
+        spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+        if spec is None or spec.loader is None:
+            raise
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[top] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(top, None)
+            raise
+        return importlib.import_module(module_name)   # a submodule: found through the package's own __path__
+
+
+def worker_import_path(reference: str, env: Mapping[str, str]) -> dict[str, str]:
+    """PYTHONPATH for the trials' workers to import train_fn's module from where this process found it."""
+    folder = search_path(reference) if reference else None
+    if not folder:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (folder, env.get("PYTHONPATH", "")) if p)}
 
 
 def reference_of(function: TrainFn) -> str | None:
