@@ -14,10 +14,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hvdtrain.environment.process import export_rank_env
+from hvdtrain.train import run_start
 
 # Before the user's own code builds a webdataset or mosaicml-streaming pipeline: they shard by RANK and
 # WORLD_SIZE, which horovodrun and mpirun do not set (HVDTRAIN_EXPORT_RANK_ENV=0 leaves them alone).
 export_rank_env()
+
+
+def _take_secrets(environ: Any) -> str | None:
+    """A run's start reads the secrets file as every worker of `hvdtrain launch` does (launcher/worker_start.py).
+    launcher/ sits above train/ in the layers, so its reader is handed down from here, where both are in reach (as
+    distributed hands environment its rank); imported when a run starts (`python -m hvdtrain.launcher.worker_start`
+    must find it not yet imported)."""
+    from hvdtrain.launcher.worker_start import take_secrets
+
+    return take_secrets(environ)
+
+
+run_start.use_secrets_reader(_take_secrets)
 
 __version__ = "0.1.0"
 __all__ = ["Trainer", "fit", "launch", "tune", "compress", "load_config", "TrainConfig", "History"]

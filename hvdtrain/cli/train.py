@@ -19,20 +19,19 @@ def parser(commands: Commands | None = None) -> Parser:
 
 
 def main(args: list[str]) -> int:
-    from hvdtrain.environment.process import is_rank_zero
     from hvdtrain.errors import Stopped
-    from hvdtrain.launcher.slurm_gloo import join as join_slurm_gloo
     from hvdtrain.output.console import console
-    from hvdtrain.train.signals import STOP
+    from hvdtrain.train.run_start import PROCESS, prepare_run
     from hvdtrain.train.trainer import fit
 
-    config = _config(args)
-    joined = join_slurm_gloo()   # Horovod: srun's tasks with no MPI get Gloo's variables and rendezvous
-    if joined and is_rank_zero():
-        console.line(f"hvdtrain: {joined}")
-    STOP.install()   # SIGINT, SIGTERM, SIGUSR1 (a scheduler's early warning): checkpoint and stop
+    PROCESS.secrets_taken = True   # cli/main.py took them before any subcommand (the same take_secrets)
+    # The start a script's Trainer makes too (train/run_start.py): srun's Gloo, Slurm's requeue defaults for the keys
+    # not given here, and SIGINT/SIGTERM/SIGUSR1 (a scheduler's early warning) checkpoint and stop, from here on.
+    config, given = _command_line(args)
+    setup = prepare_run(config, given=given)
     try:
-        fit(config)  # Horovod shuts itself down at exit
+        with setup.stops():
+            fit(setup.config)  # Horovod shuts itself down at exit
     except Stopped as stop:
         console.error(str(stop))
         return 128 + stop.signum
@@ -43,22 +42,23 @@ def main(args: list[str]) -> int:
     return 0
 
 
+def _command_line(args: list[str]) -> tuple[TrainConfig, set[str]]:
+    """The config from the command line (--config FILE, then --key value), and the keys given there."""
+    from hvdtrain.config.train_config import load_config, parse_overrides, read_yaml
+
+    options, rest = parser().parse_known_args(args)
+    given = {str(key).replace("-", "_") for key in (read_yaml(options.config) if options.config else {})}
+    return load_config(options.config, rest), given | set(parse_overrides(rest))
+
+
 def _config(args: list[str]) -> TrainConfig:
-    """The config from the command line, with the defaults a Slurm job implies for keys not given there:
-    --name slurm-<job id>, and --resume auto once the job was requeued (cluster/slurm.py)."""
+    """The config `hvdtrain train ARGS` trains with here, as prepare_run() makes it: with the defaults a Slurm job
+    implies for keys not given (--name slurm-<job id>; --resume auto once the job was requeued; cluster/slurm.py)."""
     import os
 
     from hvdtrain.cluster.slurm import with_requeue_defaults
-    from hvdtrain.config.train_config import load_config, parse_overrides, read_yaml
-    from hvdtrain.output.console import console
 
-    options, rest = parser().parse_known_args(args)
-    config = load_config(options.config, rest)
-    given = {str(key).replace("-", "_") for key in (read_yaml(options.config) if options.config else {})}
-    config, note = with_requeue_defaults(config, given | set(parse_overrides(rest)), os.environ)
-    if note:
-        console.line(f"hvdtrain: {note}")
-    return config
+    return with_requeue_defaults(*_command_line(args), os.environ)[0]
 
 
 def report_crash(err: Exception) -> int:

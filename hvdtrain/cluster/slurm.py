@@ -1,4 +1,5 @@
-"""Defaults a Slurm job gives a run: a name that survives a requeue, and `--resume auto` once requeued.
+"""Defaults a Slurm job gives a run: a name that survives a requeue, and `--resume auto` once requeued. Applied to
+the first run of a process, `python -m hvdtrain`'s or a script's Trainer alike, by train/run_start.py.
 
 A requeued job (`sbatch --requeue`, `scontrol requeue`, a pre-emption with PreemptMode=REQUEUE) runs its
 batch script again with the same SLURM_JOB_ID and SLURM_RESTART_COUNT one higher. With these defaults the
@@ -62,7 +63,7 @@ def requeue_defaults(env: Mapping[str, str], given: set[str]) -> tuple[dict[str,
         return {}, ""
     flags = " ".join(f"--{key} {value}" for key, value in defaults.items())
     why = f"Slurm job {env.get('SLURM_JOB_ID', '').strip()}" + (f", requeued {count} time(s)" if count else "")
-    return defaults, f"{why}: {flags} (the defaults under Slurm; pass --name/--resume to choose)"
+    return defaults, f"{why}: {flags} (the defaults under Slurm; give a name or resume of your own to choose)"
 
 
 def with_requeue_defaults(config: TrainConfig, given: set[str], env: Mapping[str, str]) -> tuple[TrainConfig, str]:

@@ -2,17 +2,24 @@
 
 SIGUSR1 is a scheduler's early warning (Slurm's `--signal=USR1@T`, `scancel --signal=USR1`): the same
 "checkpoint now and stop" as SIGTERM, sent while there is still time to write it.
+
+Who installs the handlers: train/run_start.py, while a run trains (`python -m hvdtrain`, hvdtrain.fit, a script's
+Trainer.fit()), and gives the previous ones back after, unless told not to (`handle_signals=False`: a notebook keeps
+its own Ctrl-C); `hvdtrain tune` itself. Python lets only the main thread install them: elsewhere nothing is.
 """
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 from types import FrameType
+from typing import Any
 
 
 class StopRequest:
     def __init__(self) -> None:
         self.signum = 0
+        self.replaced: dict[int, Any] | None = None   # the handlers ours replaced, while ours are in place
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         # A second Ctrl-C is a person who will not wait: stop now, without the final checkpoint. A repeated
@@ -22,10 +29,24 @@ class StopRequest:
             sys.exit(128 + signum)
         self.signum = max(self.signum, signum)   # TERM outranks USR1 outranks INT, as agreed_signal() does
 
-    def install(self) -> None:
-        """Only the CLI installs handlers; a notebook keeps its own Ctrl-C (interrupt kernel)."""
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self.handle)
+    def install(self) -> bool:
+        """Note SIGINT, SIGTERM and SIGUSR1 from now on, a fresh request. Returns whether this call installed the
+        handlers: False where they are in place already, or this is not the main thread (Python allows it nowhere
+        else), so the caller that got True is the one to restore()."""
+        if self.replaced is not None or threading.current_thread() is not threading.main_thread():
+            return False
+        self.replaced = {sig: signal.signal(sig, self.handle) for sig in STOP_SIGNALS}
+        self.signum = 0
+        return True
+
+    def restore(self) -> None:
+        """Put back the handlers install() replaced (a handler set outside Python: the default), and forget a
+        request no loop acted on. Nothing where ours are not in place, or off the main thread."""
+        if self.replaced is None or threading.current_thread() is not threading.main_thread():
+            return
+        for sig, handler in self.replaced.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self.replaced, self.signum = None, 0
 
 
 STOP = StopRequest()

@@ -16,7 +16,7 @@ from hvdtrain.data.shard_source import ShardSource
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
 from hvdtrain.data.streaming import stream_source
 from hvdtrain.data.user_loader import prepare, unwrap
-from hvdtrain.distributed import collectives, gradients, runtime, settings, sync_bn
+from hvdtrain.distributed import collectives, gradients, runtime, sync_bn
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.models.builtin import build_model, recipe_for
 from hvdtrain.models.compiled import compile_model, is_compiled
@@ -26,10 +26,9 @@ from hvdtrain.output.history import History
 from hvdtrain.output.run_directory import RunDirectory, RunDirSettings
 from hvdtrain.train.batch import to_device
 from hvdtrain.train.checkpointer import Checkpointer, CheckpointSettings
-from hvdtrain.train.device import pick_device, threads_per_worker
+from hvdtrain.train.device import pick_device
 from hvdtrain.train.elastic import ElasticRun, ElasticSettings, LocalRun, LoopHooks
 from hvdtrain.train.evaluation import Collate, evaluate, predict, probe_batch
-from hvdtrain.train.host_memory import keep_host_memory
 from hvdtrain.train.lr_schedule import lr_at, scaled_lr, schedule_steps, set_lrs
 from hvdtrain.train.metrics import BatchParts, Metric
 from hvdtrain.train.optim import make_optimizer
@@ -38,6 +37,7 @@ from hvdtrain.train.precision import Precision, PrecisionSettings
 from hvdtrain.train.progress import MetricSums, Progress
 from hvdtrain.train.random_state import RandomState
 from hvdtrain.train.reporting import MetricsSettings, Reporter, first_batch_layout
+from hvdtrain.train.run_start import prepare_run, start_horovod, started
 from hvdtrain.train.stateful import TrainingState
 from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, labels_in_range, run_step
 
@@ -68,6 +68,7 @@ class Trainer:
             (or `config.collate_fn`, or the DataLoader's own).
         run_directory: the run folder already decided on rank 0 (hvdtrain.fit claims it before the data
             loads); default: decided here. `close()` (or `with Trainer(...)`) gives it back.
+        handle_signals: SIGTERM, SIGUSR1, Ctrl-C stop fit() with a checkpoint, as in the CLI; False in a notebook.
     Example:
         >>> with hvdtrain.Trainer(my_model, train_ds, val_ds, config=hvdtrain.load_config(epochs=5)) as trainer:
         ...     history = trainer.fit()
@@ -78,17 +79,16 @@ class Trainer:
                  optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
                  step_fn: StepFn | None = None, metrics: Sequence[str | Metric] | None = None,
                  config: TrainConfig | None = None, collate_fn: Collate | None = None,
-                 run_directory: RunDirectory | None = None) -> None:
-        config = config or TrainConfig()
+                 run_directory: RunDirectory | None = None, handle_signals: bool = True) -> None:
+        self.setup = prepare_run(config or TrainConfig(), handle_signals=handle_signals)  # as `python -m hvdtrain`
+        config = self.setup.config
         data = prepare(train_data, val_data, collate_fn, config.collate_fn, config.batch_size)
         train_data, val_data, loading = data.train, data.val, data.settings
         if loading is not None and loading.batch_size != config.batch_size:
             config = dataclasses.replace(config, batch_size=loading.batch_size)  # the user's DataLoader's
         self.config = config
         self.val_collate, self.eval_batch_size = data.val_collate, data.val_batch_size or config.eval_batch_size
-        world = self.world = runtime.start(settings.horovod_env(config))  # Horovod: timeline, autotune, stall check
-        torch.set_num_threads(config.threads or threads_per_worker(world.local_size))
-        keep_host_memory(config.keep_host_memory)  # a step's tensors reuse the last step's pages
+        world = self.world = start_horovod(config)  # Horovod (timeline, autotune, stall check), threads, host memory
         # Horovod: with K stages this worker owns GPUs local_rank*K ... local_rank*K+K-1; inputs go to the first.
         self.device = pick_device(config.device, world.local_rank, local_size=world.local_size, stages=config.stages)
         self.precision = Precision(PrecisionSettings.of(config), self.device)
@@ -168,7 +168,8 @@ class Trainer:
         if not first_call:
             p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
         self.reporter.samples_this_fit, start = 0, time.perf_counter()
-        with self.driver.watching(), runtime.started():   # Horovod: a lost or frozen rank is named, never a hang
+        with self.setup.stops(), self.driver.watching(), runtime.started():
+            # Horovod: a lost or frozen rank is named, never a hang. A stop signal ends the loop with a checkpoint.
             self.progress = self.driver.run(p, end_epoch)
             self.reporter.finish(self.progress, time.perf_counter() - start, self.model, self.world)
         return self.history
@@ -326,22 +327,20 @@ class Trainer:
         return data, loading.batch_size if loading else self.eval_batch_size, collate
 
 
-def fit(config: TrainConfig) -> History:
+def fit(config: TrainConfig, *, handle_signals: bool = True) -> History:
     """Train the model and dataset named in `config` (built-ins or plug-ins) on every worker.
 
     Args:
         config: a TrainConfig, e.g. `hvdtrain.load_config("run.yaml", epochs=3)`.
+        handle_signals: as the Trainer's (False in a notebook).
     Returns:
         The History: per-epoch metrics, `.summary` (final metrics, throughput, run dir), `.plot()`.
     Example:
         >>> history = hvdtrain.fit(hvdtrain.load_config(model="mlp", epochs=5))
     """
     torch.manual_seed(config.seed)
-    # Horovod: started before the data loads. A run refused its folder stops before loading anything, and an elastic
-    # worker joining a running job is in the new world at once: the others wait for its data in the first sync, not
-    # in a rendezvous that gives up after --gloo-timeout-seconds. A run that fails before writing leaves no folder;
-    # any run gives the variables it set back to the caller's os.environ when it ends (runtime.started).
-    with runtime.started(settings.horovod_env(config)) as world, RunDirectory(RunDirSettings.of(config)) as run:
+    # A run refused its folder stops before loading anything; a run that fails before writing leaves no folder.
+    with started(config, handle_signals) as (config, world), RunDirectory(RunDirSettings.of(config)) as run:
         (ElasticRun if config.elastic else LocalRun).claim_early(run, is_root=world.is_root)
         data = build_data(config)
         model = build_model(config, input_shape(data.train), data.num_classes)
