@@ -137,7 +137,7 @@ def one_machine(args: list[str]) -> bool:
     """Whether horovodrun `args` start every worker on this host (no -H, no --hostfile, or only this host's names).
 
     Example:
-        >>> one_machine(["-np", "2", "python", "x.py"]), one_machine(["-np", "2", "-H", "localhost:2", "python", "x.py"])
+        >>> one_machine(["-np", "2", "python", "x.py"]), one_machine(["-np", "2", "-H", "localhost:2", "python", "x"])
         (True, True)
         >>> one_machine(["-np", "2", "-H", "node1:1,node2:1", "python", "x.py"])
         False

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
-from hvdtrain.errors import UserError, peer_failure_of
+from hvdtrain.errors import UserError
 
 if TYPE_CHECKING:
     from hvdtrain.config.train_config import TrainConfig
@@ -21,7 +21,7 @@ def parser(commands: Commands | None = None) -> Parser:
 def main(args: list[str]) -> int:
     from hvdtrain.errors import Stopped
     from hvdtrain.output.console import console
-    from hvdtrain.train.run_start import PROCESS, prepare_run
+    from hvdtrain.train.run_start import PROCESS, prepare_run, report_crash
     from hvdtrain.train.trainer import fit
 
     PROCESS.secrets_taken = True   # cli/main.py took them before any subcommand (the same take_secrets)
@@ -59,19 +59,3 @@ def _config(args: list[str]) -> TrainConfig:
     from hvdtrain.cluster.slurm import with_requeue_defaults
 
     return with_requeue_defaults(*_command_line(args), os.environ)[0]
-
-
-def report_crash(err: Exception) -> int:
-    """A bug or a failure, not a user mistake: the traceback, then one line naming this rank."""
-    import traceback
-
-    from hvdtrain.environment.process import current
-    from hvdtrain.output.console import console
-
-    rank = current().rank  # Horovod's own rank when it got that far, else the launcher's
-    if peer_failure_of(err):
-        console.error(f"rank {rank} stopped because another rank failed ({err}); see that rank's error")
-    else:
-        traceback.print_exc()
-        console.error(f"error: rank {rank} failed: {type(err).__name__}: {err}")
-    return 1

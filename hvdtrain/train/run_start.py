@@ -169,3 +169,20 @@ def started(config: TrainConfig, handle_signals: bool = True) -> Iterator[tuple[
             yield setup.config, world
     finally:
         PROCESS.inside = False
+
+
+def report_crash(err: Exception) -> int:
+    """A bug or a failure, not a user mistake: the traceback, then one line naming this rank."""
+    import traceback
+
+    from hvdtrain.environment.process import current
+    from hvdtrain.errors import peer_failure_of
+    from hvdtrain.output.console import console
+
+    rank = current().rank  # Horovod's own rank when it got that far, else the launcher's
+    if peer_failure_of(err):
+        console.error(f"rank {rank} stopped because another rank failed ({err}); see that rank's error")
+    else:
+        traceback.print_exc()
+        console.error(f"error: rank {rank} failed: {type(err).__name__}: {err}")
+    return 1

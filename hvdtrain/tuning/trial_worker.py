@@ -9,20 +9,15 @@ data `train_fn(config)` builds. Run it under horovodrun with tune/best.yaml to t
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from hvdtrain.errors import Stopped, UserError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hvdtrain.cli.train import report_crash
     from hvdtrain.config.train_config import load_config
-    from hvdtrain.environment.process import is_rank_zero
-    from hvdtrain.launcher.slurm_gloo import join as join_slurm_gloo
-    from hvdtrain.launcher.worker_start import take_secrets
     from hvdtrain.output.console import console
-    from hvdtrain.train.signals import STOP
+    from hvdtrain.train.run_start import prepare_run, report_crash
     from hvdtrain.tuning.train_fn import fit_trial, resolve
 
     parser = argparse.ArgumentParser(prog="python -m hvdtrain.tuning.trial_worker", description=__doc__,
@@ -31,15 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, metavar="FILE", help="the trial's config (or tune/best.yaml)")
     args = parser.parse_args(argv)
     try:
-        warning = take_secrets(os.environ)   # before any user code, as `python -m hvdtrain` does
-        if warning and is_rank_zero():
-            console.line(f"hvdtrain: {warning}")
         train_fn, config = resolve(args.train_fn), load_config(args.config)
-        joined = join_slurm_gloo()           # Horovod: srun's tasks with no MPI get Gloo's variables
-        if joined and is_rank_zero():
-            console.line(f"hvdtrain: {joined}")
-        STOP.install()   # SIGTERM (the pruner's, a scheduler's): every rank stops at the same step, exit 143
-        fit_trial(train_fn, config)
+        # The start `python -m hvdtrain` makes (train/run_start.py): credentials from the secrets file, srun's Gloo,
+        # and SIGTERM (the pruner's, a scheduler's) agreed by every rank, exit 143. The trial's name and folder are
+        # the study's: every key of its config counts as given.
+        setup = prepare_run(config, given=set(config.to_dict()))
+        with setup.stops():
+            fit_trial(train_fn, setup.config)
     except Stopped as stop:
         console.error(str(stop))
         return 128 + stop.signum
