@@ -52,6 +52,7 @@ class TrainConfig:
     compression: str = option("none", "gradients on the wire: none, fp16 or bf16 (half the bytes; bf16: fp32's range)")
     op: str = option("average", "gradient reduction: average, or adasum (MPI; use with --lr-scaling none)")
     gradient_predivide_factor: float = option(1.0, "average: divide by this before the sum, by workers/this after")
+    max_grad_norm: float = option(0.0, "clip the averaged gradients to this global L2 norm; 0 = off")
     bucket_mb: float = option(25.0, "allreduce gradients in buckets of this many MB, as DDP; 0 = each on its own")
     sync_bn: bool = option(False, "convert BatchNorm layers to Horovod's SyncBatchNorm (global batch statistics)")
     compile: bool = option(False, "torch.compile the model once it is on its device (the first steps compile: "
@@ -108,16 +109,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "eval_batch_size", "hidden", "synthetic_samples", "image_size",
                     "num_classes", "log_interval", "accumulate", "keep_checkpoints", "commit_steps", "stages",
-                    "micro_batches", "prefetch_factor", "gloo_timeout_s"):
+                    "micro_batches", "prefetch_factor", "gloo_timeout_s", "lr"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         for key in ("max_steps", "threads", "warmup_epochs", "weight_decay", "momentum", "checkpoint_epochs",
-                    "checkpoint_steps", "nonfinite_limit", "workers", "patience", "stall_check_s",
+                    "checkpoint_steps", "nonfinite_limit", "max_grad_norm", "workers", "patience", "stall_check_s",
                     "stall_shutdown_s", "peer_timeout_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
         if not self.synthetic_shape or any(d <= 0 for d in self.synthetic_shape):
@@ -168,6 +167,9 @@ class TrainConfig:
                                   "add --lr-scaling none")
             if self.gradient_predivide_factor != 1.0:
                 raise ConfigError("gradient_predivide_factor applies only to op average, not adasum")
+            if self.max_grad_norm:
+                raise ConfigError("max_grad_norm cannot be combined with op adasum (it steps inside backward, on "
+                                  "each rank's own gradients); drop --max-grad-norm or use --op average")
             if self.precision == "fp16":
                 raise ConfigError("precision fp16 cannot be combined with op adasum (Adasum applies each tensor's "
                                   "update inside backward, before a loss scaler could check it); use bf16")
@@ -180,10 +182,8 @@ class TrainConfig:
         return {key: value for key, value in self.to_dict().items() if defaults[key] != value}
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["synthetic_shape"] = list(self.synthetic_shape)
-        data["stage_split"] = list(self.stage_split)
-        return data
+        tuples = {"synthetic_shape": list(self.synthetic_shape), "stage_split": list(self.stage_split)}
+        return {**dataclasses.asdict(self), **tuples}   # YAML lists, in the fields' order
 
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:

@@ -1,5 +1,5 @@
 """One optimizer step, the same on every rank: gradients synchronised, checked for non-finite values,
-unscaled (fp16), applied or skipped on every rank alike."""
+unscaled (fp16), clipped by their global norm (--max-grad-norm), applied or skipped on every rank alike."""
 from __future__ import annotations
 
 import math
@@ -21,12 +21,17 @@ class OptimizerStep:
         precision: the loss scaler, if any.
         op: --op (Adasum steps inside backward); nonfinite_limit: --nonfinite-limit (0: no check);
         predivide: --gradient-predivide-factor.
+        max_norm: --max-grad-norm (0: no clipping); norms: where each applied step's pre-clip norm is
+            appended (a 0-dim tensor, no host sync; the Reporter logs their mean as grad_norm).
     """
 
     def __init__(self, optimizer: Any, model: torch.nn.Module, precision: Precision, *, op: str,
-                 nonfinite_limit: int, predivide: float) -> None:
+                 nonfinite_limit: int, predivide: float, max_norm: float = 0.0,
+                 norms: list[torch.Tensor] | None = None) -> None:
         self.optimizer, self.model, self.scaler = optimizer, model, precision.scaler
         self.limit, self.predivide = nonfinite_limit, predivide
+        self.max_norm, self.norms = max_norm, norms
+        self.last_norm: torch.Tensor | None = None   # the last applied step's norm before clipping
         self.steps_in_backward = gradients.steps_in_backward(op)
         # The loss decides, not a pass over every gradient (that pass cost ~5% of an MLP step; see
         # benchmarks/README.md). fp16 keeps the gradient check: an overflow there leaves the loss finite.
@@ -34,8 +39,9 @@ class OptimizerStep:
         # Where the loss flag rides in the first bucket (gradients.scale_before_sending), written before backward.
         self.flag_slot = getattr(optimizer, "loss_flag_slot", None) if self.check_loss else None
         self.first_bucket = getattr(optimizer, "loss_flag_bucket", None)
-        # Stepping by bucket needs the verdict from the first bucket, where the loss is checked at all.
-        self.by_bucket = (self.scaler is None and not self.steps_in_backward
+        # Stepping by bucket needs the verdict from the first bucket, where the loss is checked at all; and the
+        # global norm needs every bucket back, so clipping steps once, after the last one.
+        self.by_bucket = (self.scaler is None and not self.steps_in_backward and not max_norm
                           and (self.flag_slot is not None or not self.check_loss)
                           and bucket_step.can_step_by_bucket(optimizer))
 
@@ -67,6 +73,8 @@ class OptimizerStep:
         else:
             finite = self._loss_finite() if loss_flag is None else collectives.all_finite(loss_flag)
             applied = not self.check_loss or count_nonfinite(p, finite, "loss", self.limit)
+        if applied and self.max_norm:
+            self._clip()                                    # after the average and the unscale, never before
         if applied:
             with self.optimizer.skip_synchronize():
                 if self.scaler:
@@ -76,6 +84,14 @@ class OptimizerStep:
         if self.scaler:
             self.scaler.update()                            # halve the loss scale after an overflow
         return applied
+
+    def _clip(self) -> None:
+        # Horovod: every rank holds the same averaged gradients now, so this local norm IS the global norm (no
+        # collective). Clipping each rank's own gradients before the average would give other weights.
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm).detach()
+        self.last_norm = norm
+        if self.norms is not None:
+            self.norms.append(norm)
 
     def _loss_finite(self) -> bool:
         # Read once the first bucket is back: the sum of every rank's flag (NaN if any rank's loss was not).

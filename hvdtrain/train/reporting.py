@@ -50,6 +50,9 @@ class Reporter:
         self.history = History()
         self.resumed = False        # from a checkpoint: its epoch records may repeat some in metrics.jsonl
         self.samples_this_fit = 0   # trained by all ranks in the current fit() call (its samples/s)
+        # --max-grad-norm: each applied step's norm before clipping (train/optimizer_step.py appends; equal on
+        # every rank, computed from the averaged gradients, so no reduce), logged as grad_norm per log interval.
+        self.grad_norms: list[torch.Tensor] = []
 
     def zeros(self) -> torch.Tensor:
         return self.metrics.zeros()
@@ -67,8 +70,10 @@ class Reporter:
         """The train record of the last log interval; returns the stop signal all ranks agree on (0: none)."""
         total, signum, _ = self.reduce(p, "train_stats")   # one allreduce per log interval, not per step
         values = self.metrics.values(total)
+        norms, self.grad_norms[:] = self.grad_norms[:], []   # emptied in place: OptimizerStep holds this list
+        grad_norm = {"grad_norm": float(torch.stack(norms).double().mean())} if norms else {}
         if self.run.log:
-            self.run.log.metrics({"kind": "train", "epoch": p.epoch, "step": p.step, "lr": lr, **values})
+            self.run.log.metrics({"kind": "train", "epoch": p.epoch, "step": p.step, "lr": lr, **values, **grad_norm})
         console.advance_postfix(values["loss"])
         return signum
 

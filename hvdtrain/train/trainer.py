@@ -122,8 +122,8 @@ class Trainer:
             optimizer, self.model, accumulate=config.accumulate, compression=config.compression, op=config.op,
             gradient_predivide_factor=config.gradient_predivide_factor, bucket_mb=config.bucket_mb)
         self.optimizer_step = OptimizerStep(self.optimizer, self.model, self.precision, op=config.op,
-                                            nonfinite_limit=config.nonfinite_limit,
-                                            predivide=config.gradient_predivide_factor)
+                                            nonfinite_limit=config.nonfinite_limit, norms=self.reporter.grad_norms,
+                                            max_norm=config.max_grad_norm, predivide=config.gradient_predivide_factor)
         # What this rank reads: a stream shards itself; a map-style dataset is read through a ShardSampler.
         sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed,
                                shuffle=loading.shuffle if loading else True,
