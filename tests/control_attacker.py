@@ -32,7 +32,8 @@ RATE = 1500   # datagrams per second in all: an attack, not a CPU hog on a 2-cor
 ETH_P_ALL = 0x0003
 
 
-def udp_ports(root: int) -> set[tuple[str, int]]:
+def ports(root: int, kind: str) -> set[tuple[str, int]]:
+    """(address, port) of every `kind` socket (udp4; tcp4: listening ones) of ROOT_PID and its descendants."""
     try:
         family = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -40,9 +41,9 @@ def udp_ports(root: int) -> set[tuple[str, int]]:
     found = set()
     for proc in family:
         try:
-            for conn in proc.net_connections(kind="udp4"):
-                address = "127.0.0.1" if conn.laddr.ip == "0.0.0.0" else conn.laddr.ip
-                found.add((address, conn.laddr.port))
+            for conn in proc.net_connections(kind=kind):
+                if kind == "udp4" or conn.status == psutil.CONN_LISTEN:
+                    found.add(("127.0.0.1" if conn.laddr.ip == "0.0.0.0" else conn.laddr.ip, conn.laddr.port))
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return found
@@ -101,22 +102,6 @@ def mangle(data: bytes) -> list[bytes]:
     if len(words) == 4 and words[0] == b"hvdtrain-peer":   # the old clear-text format: its token, reused
         made += [b" ".join([*words[:3], b"bye"]), b" ".join([*words[:2], b"x", b"beat"])]
     return made
-
-
-def tcp_ports(root: int) -> set[tuple[str, int]]:
-    try:
-        family = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return set()
-    found = set()
-    for proc in family:
-        try:
-            for conn in proc.net_connections(kind="tcp4"):
-                if conn.status == psutil.CONN_LISTEN:
-                    found.add(("127.0.0.1" if conn.laddr.ip == "0.0.0.0" else conn.laddr.ip, conn.laddr.port))
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return found
 
 
 class Planted:
@@ -222,13 +207,13 @@ def main(root: int, report_path: str, marker: str | None = None, key_from: str |
     requests = tcp_requests(marker) if marker else []
     while psutil.pid_exists(root) and psutil.Process(root).status() != psutil.STATUS_ZOMBIE:
         if time.monotonic() >= next_scan:
-            targets = sorted(udp_ports(root))
+            targets = sorted(ports(root, "udp4"))
             seen |= set(targets)
             next_scan = time.monotonic() + 0.5
         if raw is not None:
             sniff(raw, {port for _, port in targets}, own, sniffed)
         if requests and time.monotonic() >= next_tcp:
-            found = sorted(tcp_ports(root))
+            found = sorted(ports(root, "tcp4"))
             tcp_seen |= set(found)
             tcp_sent += attack_tcp(found, requests)
             next_tcp = time.monotonic() + 2.0

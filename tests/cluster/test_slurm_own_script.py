@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import BIN, ROOT
 from slurm_cluster import NODE, SlurmCluster, running_slurm
+from test_slurm import assert_same_weights
 from waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "own_script.sbatch"
@@ -95,13 +95,6 @@ def sbatch(cluster: SlurmCluster, folder: Path, args: list[str], **env: str) -> 
 
 def output(log: Path) -> str:
     return log.read_text() if log.exists() else "(no job output)"
-
-
-def assert_same_weights(run: Path, reference: Path) -> None:
-    ours, theirs = (torch.load(path / "model.pt", weights_only=True) for path in (run, reference))
-    assert ours.keys() == theirs.keys()
-    for key in ours:
-        torch.testing.assert_close(ours[key], theirs[key], atol=1e-6, rtol=0)
 
 
 @pytest.fixture(scope="module")
