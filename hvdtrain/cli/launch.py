@@ -27,6 +27,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
 from hvdtrain.errors import UserError
@@ -112,25 +113,34 @@ def main(args: list[str]) -> int:
         remove_quietly(secrets_file)
 
 
-def worker_command(args: list[str]) -> list[str] | int:
-    """The command horovodrun `args` runs on each worker, as horovodrun's own parser finds it ([] where it finds
-    none or refuses `args`: horovodrun, run next, reports that itself); an exit code where the parser answered
-    alone (--help, --version, --check-build), its output printed here."""
+def horovodrun_parsed(args: list[str]) -> Any:
+    """horovodrun's own parse of `args`, its output held back: its namespace; None where it refuses `args`
+    (horovodrun, run next, reports that itself); an exit code where the parser answered alone (--help, --version,
+    --check-build), its output printed here."""
     from hvdtrain.distributed.horovod_runner import horovodrun_args
 
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
             warnings.simplefilter("ignore")   # deprecated options: horovodrun warns about them itself
-            return list(horovodrun_args(args).command or [])
+            return horovodrun_args(args)
     except SystemExit as done:
         if done.code in (0, None):
             sys.stdout.write(out.getvalue())
             sys.stderr.write(err.getvalue())
             return 0
-        return []
+        return None
     except Exception:   # e.g. a --config-file it cannot read: horovodrun's own run says so
-        return []
+        return None
+
+
+def worker_command(args: list[str]) -> list[str] | int:
+    """The command horovodrun `args` runs on each worker, as horovodrun's own parser finds it ([] where it finds
+    none or refuses `args`); an exit code where the parser answered alone (horovodrun_parsed)."""
+    parsed = horovodrun_parsed(args)
+    if isinstance(parsed, int):
+        return parsed
+    return list(parsed.command or []) if parsed is not None else []
 
 
 def one_machine(args: list[str]) -> bool:
@@ -144,14 +154,8 @@ def one_machine(args: list[str]) -> bool:
     """
     import socket
 
-    from hvdtrain.distributed.horovod_runner import horovodrun_args
-
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            parsed = horovodrun_args(args)
-    except (SystemExit, Exception):
+    parsed = horovodrun_parsed(args)
+    if parsed is None or isinstance(parsed, int):
         return False
     if getattr(parsed, "hostfile", None) or getattr(parsed, "host_discovery_script", None):
         return False
