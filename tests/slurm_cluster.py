@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 from netns_cluster import SSH_PORT, NamespaceCluster, running_cluster
+from waiting import wait_for
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -214,6 +215,14 @@ class SlurmCluster:
             time.sleep(0.5)
         self.client("scancel", job_id, check=False)
         raise AssertionError(f"job {job_id} still {self.job_state(job_id)} after {timeout:.0f} s")
+
+    def run_requeued(self, job_id: str, timeout: float) -> str:
+        """After `scontrol requeue`: start the job again as soon as it is pending on an idle node (not after Slurm's
+        ~2 minute begin-time hold; earlier, its restarted batch step fails to launch), then wait for its end state."""
+        wait_for(lambda: self.job_state(job_id) == "PENDING" and self.node_state(NODE) == "idle", timeout=timeout,
+                 what="the requeued job pending on an idle node")
+        self.client("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        return self.wait_job(job_id, timeout)
 
     def stop(self) -> list[str]:
         """Kill what was started here, and any job step process left behind. Returns what was killed late."""

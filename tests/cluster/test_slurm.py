@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import BIN, ROOT
-from slurm_cluster import NODE, SlurmCluster, running_slurm
+from slurm_cluster import SlurmCluster, running_slurm
 from waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "slurm.sbatch"
@@ -131,12 +131,7 @@ def test_scontrol_requeue_mid_epoch_resumes_by_itself_and_equals_the_uninterrupt
     started = time.monotonic()
     slurm.client("scontrol", "requeue", job)
     hold.unlink()      # the restarted run counts its steps from its resume point: it must not hold again
-    # Slurm holds a requeued job ~2 minutes (its begin time): once the node has cleaned up after the first run,
-    # the test lets it start (earlier, the restarted batch step fails to launch).
-    wait_for(lambda: slurm.job_state(job) == "PENDING" and slurm.node_state(NODE) == "idle", timeout=JOB_TIMEOUT,
-             what="the requeued job pending on an idle node")
-    slurm.client("scontrol", "update", f"JobId={job}", "StartTime=now")
-    state = slurm.wait_job(job, JOB_TIMEOUT)
+    state = slurm.run_requeued(job, JOB_TIMEOUT)
     out = log.read_text() if log.exists() else "(no job output)"
     assert state == "COMPLETED", f"{state}\n{out[-4000:]}"
     stop = re.search(r"hvdtrain: stopped by SIGTERM at step (\d+); checkpoint ", out)

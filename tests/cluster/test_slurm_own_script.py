@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, ROOT
-from slurm_cluster import NODE, SlurmCluster, running_slurm
+from slurm_cluster import SlurmCluster, running_slurm
 from test_slurm import assert_same_weights
 from waiting import wait_for
 
@@ -127,11 +127,7 @@ def test_scontrol_requeue_resumes_the_own_script_by_itself_to_the_uninterrupted_
     started = time.monotonic()
     slurm.client("scontrol", "requeue", job)
     hold.unlink()      # the restarted run counts its steps from its resume point: it must not hold again
-    # Slurm holds a requeued job ~2 minutes (its begin time): once the node is idle again, the test lets it start.
-    wait_for(lambda: slurm.job_state(job) == "PENDING" and slurm.node_state(NODE) == "idle", timeout=JOB_TIMEOUT,
-             what="the requeued job pending on an idle node")
-    slurm.client("scontrol", "update", f"JobId={job}", "StartTime=now")
-    state = slurm.wait_job(job, JOB_TIMEOUT)
+    state = slurm.run_requeued(job, JOB_TIMEOUT)
     out = output(log)
     assert state == "COMPLETED", f"{state}\n{out[-4000:]}"
     stop = re.search(r"hvdtrain: stopped by SIGTERM at step (\d+); checkpoint ", out)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, ROOT
-from slurm_cluster import NODE, SlurmCluster, running_slurm
+from slurm_cluster import SlurmCluster, running_slurm
 from waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "tune.sbatch"
@@ -98,10 +98,7 @@ def test_a_requeued_study_resumes_and_finds_the_same_best_trial(slurm, tmp_path,
     started = time.monotonic()
     slurm.client("scontrol", "requeue", job)
     hold.unlink()
-    wait_for(lambda: slurm.job_state(job) == "PENDING" and slurm.node_state(NODE) == "idle", timeout=JOB_TIMEOUT,
-             what="the requeued job pending on an idle node")
-    slurm.client("scontrol", "update", f"JobId={job}", "StartTime=now")   # not Slurm's ~2 min hold
-    state = slurm.wait_job(job, JOB_TIMEOUT)
+    state = slurm.run_requeued(job, JOB_TIMEOUT)
     out = log.read_text() if log.exists() else "(no job output)"
     assert state == "COMPLETED", f"{state}\n{out[-4000:]}"
     print(f"requeue to completion: {time.monotonic() - started:.0f} s")
