@@ -111,17 +111,24 @@ class SealedJob:
 
     def __call__(self) -> bytes:
         key = read_key(self.key_file)
-        try:
-            guarded = cloudpickle.loads(unseal(key, "job", self.job))
-        except Forged as err:
-            raise UserError(f"launch(): the job is not this launch's ({err}); refusing to run it") from None
-        value = guarded()
-        rank = process.current().rank
+        rank, sealed = run_sealed(key, self.job)
         from hvdtrain.distributed import horovod_runner
 
         horovod_runner.sign_result_put(lambda rank_text, body: {
             RESULT_AUTH_HEADER: result_token(key, int(rank_text) if rank_text.isdigit() else -1, len(body))})
-        return seal(key, result_purpose(rank), dumps_result(value, rank))
+        return sealed
+
+
+def run_sealed(key: bytes, sealed_job: bytes) -> tuple[int, bytes]:
+    """On a worker: open the sealed job (authenticated before anything is unpickled), run it, and return this rank
+    and its result sealed. UserError for a job that is not this launch's."""
+    try:
+        guarded = cloudpickle.loads(unseal(key, "job", sealed_job))
+    except Forged as err:
+        raise UserError(f"launch(): the job is not this launch's ({err}); refusing to run it") from None
+    value = guarded()
+    rank = process.current().rank
+    return rank, seal(key, result_purpose(rank), dumps_result(value, rank))
 
 
 def dumps_result(value: Any, rank: int) -> bytes:

@@ -19,21 +19,9 @@ import pickle
 import sys
 import urllib.request
 
-import cloudpickle
-
-from hvdtrain.environment import process
 from hvdtrain.errors import UserError
 from hvdtrain.launcher.job_store import RAW_JOB_PATH
-from hvdtrain.launcher.sealed import (
-    RESULT_AUTH_HEADER,
-    Forged,
-    dumps_result,
-    read_key,
-    result_purpose,
-    result_token,
-    seal,
-    unseal,
-)
+from hvdtrain.launcher.sealed import RESULT_AUTH_HEADER, read_key, result_token, run_sealed
 
 HOROVOD_TASK = ["-m", "horovod.runner.run_task"]
 TIMEOUT_S = 60
@@ -48,13 +36,7 @@ def run(addr: str, port: int, key_file: str) -> None:
     key = read_key(key_file)
     with urllib.request.urlopen(_url(addr, port, RAW_JOB_PATH), timeout=TIMEOUT_S) as answer:
         sealed_job = answer.read()
-    try:
-        guarded = cloudpickle.loads(unseal(key, "job", sealed_job))   # authenticated before it is unpickled
-    except Forged as err:
-        raise UserError(f"launch(): the job is not this launch's ({err}); refusing to run it") from None
-    value = guarded()
-    rank = process.current().rank
-    sealed = seal(key, result_purpose(rank), dumps_result(value, rank))
+    rank, sealed = run_sealed(key, sealed_job)   # opened with the key before anything is unpickled
     body = base64.b64encode(pickle.dumps(sealed, protocol=4))   # as Horovod's codec sends one bytes object
     request = urllib.request.Request(_url(addr, port, f"/runfunc_result/{rank}"), data=body, method="PUT",
                                      headers={RESULT_AUTH_HEADER: result_token(key, rank, len(body))})
