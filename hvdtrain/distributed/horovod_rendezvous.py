@@ -94,9 +94,10 @@ def guarded_handler(handler: type, key: bytes | None, refused: Callable[[str], N
     from hvdtrain.distributed import rendezvous_auth as auth
 
     def refuse(request: Any, status: int, why: str) -> None:
-        request.send_status_code(status)
+        # Counted before answering: whoever sees the answer sees the count.
         if refused is not None:
             refused(f"{request.command} {auth.safe_text(request.path)} from {request.client_address[0]}: {why}")
+        request.send_status_code(status)
 
     class GuardedRendezvousHandler(handler):
         def _scope_key(self) -> tuple[str, str] | None:

@@ -86,14 +86,20 @@ def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_used(tmp_pat
 
 
 def test_ctrl_c_stops_all_ranks_with_a_checkpoint_and_resume_finishes(tmp_path, background, uninterrupted):
-    log = tmp_path / "first.log"
+    log, hold = tmp_path / "first.log", tmp_path / "hold"
+    hold.touch()   # step 13 waits for the signal however slowly the machine runs: the job cannot end first
     proc = background(2, [*JOB, "--run-dir", str(tmp_path), "--name", "run"], "gloo", log,
-                      env={**PLUGINS, "FAULTS_SLEEP_S": "0.05"})
-    wait_for(lambda: (tmp_path / "run" / "checkpoints" / "ckpt-000000010.pt").exists(), 120, "checkpoint 10")
+                      env={**PLUGINS, "FAULTS_SLEEP_S": "0.05", "FAULTS_HOLD_FILE": str(hold),
+                           "FAULTS_HOLD_AFTER": "12"})
+    wait_for(lambda: (tmp_path / "run" / "checkpoints" / "ckpt-000000010.pt").exists() or proc.poll() is not None,
+             120, "checkpoint 10")
+    assert proc.poll() is None, log.read_text()[-3000:]
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the foreground job
+    time.sleep(1)
+    hold.unlink()
     proc.wait(timeout=60)
     out = log.read_text()
-    assert proc.returncode != 0
+    assert proc.returncode != 0, out[-3000:]
     assert "[0]<stderr>:hvdtrain: stopped by SIG" in out and "[1]<stderr>:hvdtrain: stopped by SIG" in out, out
     assert "; checkpoint " in out
     resume(tmp_path)
