@@ -12,7 +12,7 @@
 #    against the MPI the jobs will run with; nothing is installed outside your home and the checkout;
 # 3. creates the virtualenv (VENV, default .venv; PYTHON picks the interpreter) and puts PyPI's CMake in it when
 #    the site has no cmake;
-# 4. runs scripts/setup-env: torch, hvdtrain, and Horovod compiled once (4-10 minutes) and cached in
+# 4. runs scripts/setup-env: torch, hvdtrain, and Horovod compiled once (docs/install.md#how-long-the-horovod-build-takes) and cached in
 #    ~/.cache/hvdtrain (HVDTRAIN_CACHE moves it); it never calls apt without root.
 # The jobs need the same modules: load them before sbatch (sbatch passes your environment on), then e.g.
 # `sbatch examples/cluster/own_script.sbatch train.py`. DRY_RUN=1 prints what would be installed, changing nothing.
