@@ -2,8 +2,8 @@
 no machine load, no commit hash, no issue number, no "we" or "our" of the people who measured. A user page states a
 fact about the product in one timeless line and links to where the measurement is kept: the contributor pages
 (index.md's Contributing section, read from its toctree: the validation record, testing, writing these docs,
-architecture) or benchmarks/README.md and benchmarks/results/ (the benchmarks' own dated record, cited by date and
-section from the code). Inline code is read like prose (a results folder named by its date is history in
+architecture) or benchmarks/README.md's "The record" and benchmarks/results/ (the benchmarks' own dated record,
+cited by section title from the code; the README above it, how to run and read the benchmark, is checked). Inline code is read like prose (a results folder named by its date is history in
 backticks too); only fenced blocks, whose commands and sample output are not history, are left out."""
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from support.paths import ROOT
 DOCS = ROOT / "docs"
 # The user-facing READMEs: what a user reads before or beside the site.
 READMES = [ROOT / "README.md", ROOT / "docker" / "README.md", ROOT / "hostfiles" / "README.md",
-           *sorted((ROOT / "examples").rglob("README*"))]
+           ROOT / "benchmarks" / "README.md", *sorted((ROOT / "examples").rglob("README*"))]
+RECORD = "\n## The record\n"   # where benchmarks/README.md's dated record begins
 
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 LOAD = re.compile(r"load average|under a load of|\bload (?:avg )?~?\d", re.I)
@@ -32,6 +33,12 @@ def prose(text: str) -> str:
     """The text outside fenced code blocks, inline code included (without its backticks)."""
     text = re.sub(r"^(\s*)(```|~~~).*?^\1\2\s*$", "", text, flags=re.S | re.M)
     return re.sub(r"`([^`\n]*)`", r" \1 ", text)
+
+
+def user_part(path: Path) -> str:
+    """The text a user reads: all of it, or what comes before a README's dated record."""
+    text = path.read_text()
+    return text.split(RECORD)[0]
 
 
 def problems(text: str) -> list[str]:
@@ -57,7 +64,7 @@ def user_pages() -> list[Path]:
 
 
 def test_no_user_page_or_readme_holds_lab_history() -> None:
-    found = {str(p.relative_to(ROOT)): bad for p in [*user_pages(), *READMES] if (bad := problems(p.read_text()))}
+    found = {str(p.relative_to(ROOT)): bad for p in [*user_pages(), *READMES] if (bad := problems(user_part(p)))}
     assert not found, "state the fact; move the history to a contributor page (docs/validation.md):\n" + "\n".join(
         f"{page}: {item}" for page, items in found.items() for item in items)
 
@@ -69,6 +76,12 @@ def test_the_contributor_pages_are_their_own_section() -> None:
     index = (DOCS / "index.md").read_text()
     other_sections = re.sub(r"^```\{toctree\}\n:caption: Contributing\n.*?^```", "", index, flags=re.S | re.M)
     assert not [name for name in names if re.search(rf"^{name[:-3]}$", other_sections, flags=re.M)]
+
+
+def test_the_benchmarks_record_is_marked_and_kept_below_the_readme() -> None:
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    assert readme.count(RECORD) == 1 and "## What runs" in user_part(ROOT / "benchmarks" / "README.md")
+    assert len(user_part(ROOT / "benchmarks" / "README.md")) < len(readme) / 3
 
 
 def test_user_pages_link_the_validation_record_for_their_figures() -> None:
