@@ -19,7 +19,7 @@ BIN := $(VENV)/bin
 
 setup: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py scripts/horovod_bf16.py scripts/horovod_perf.py $(wildcard scripts/horovod/patches/*) scripts/choose_torch.py scripts/setup-env scripts/install-horovod
+$(STAMP): setup.cfg pyproject.toml scripts/install_horovod.py $(wildcard scripts/horovod/*.py scripts/horovod/patches/*) scripts/choose_torch.py scripts/setup-env scripts/install-horovod
 	PYTHON='$(PYTHON)' VENV='$(VENV)' TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX_URL='$(TORCH_INDEX_URL)' EXTRAS='$(EXTRAS)' STAMP='$(STAMP)' bash scripts/setup-env
 
 # The main job: the default config (the CNN on scikit-learn's bundled digits) on NP local workers.

@@ -16,8 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-# The Horovod build script lives outside the package (it runs before hvdtrain is installed).
+# The Horovod build script lives outside the package (it runs before hvdtrain is installed); its parts
+# (install_plan, install_toolchain, install_build) sit beside the patch series in scripts/horovod/.
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "horovod"))
 # Plug-ins that tests name as 'module:function' (and import directly); rank-side scripts live in ranks/.
 PLUGINS_DIR = ROOT / "tests" / "plugins"
 sys.path.insert(0, str(PLUGINS_DIR))

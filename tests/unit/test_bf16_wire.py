@@ -1,5 +1,5 @@
 """bf16 at the Horovod seam without Horovod running: `--compression bf16`'s compressor, and its refusal where the
-installed Horovod lacks hvdtrain's bfloat16 patch (scripts/horovod_bf16.py)."""
+installed Horovod lacks hvdtrain's bfloat16 patch (scripts/horovod/patches/0007-bfloat16-data-type.patch)."""
 from __future__ import annotations
 
 import pytest
@@ -47,13 +47,9 @@ def test_without_horovods_bfloat16_bf16_travels_as_fp32_and_with_it_as_itself(mo
 
 
 def test_the_seam_and_the_installer_look_for_the_same_binding():
-    import sys
-    from pathlib import Path
+    """The name the seam looks up is the one the installer checks and the one patch 0007 binds."""
+    import install_plan
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    try:
-        import horovod_bf16
-    finally:
-        sys.path.pop(0)
-    assert runtime.BF16_BINDING == horovod_bf16.BF16_BINDING
-    assert f'"{runtime.BF16_BINDING}"' in horovod_bf16._bindings()
+    assert runtime.BF16_BINDING == install_plan.BF16_BINDING
+    bf16_patch = next(path for path in install_plan.series() if "bfloat16" in path.name)
+    assert f'+  m.def("{runtime.BF16_BINDING}", &DoAllreduce);' in bf16_patch.read_text()

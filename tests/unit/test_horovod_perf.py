@@ -1,5 +1,5 @@
-"""The setting that turns hvdtrain's idle-cycle patch on (scripts/horovod_perf.py; the patch itself applying once to
-the real sources is in test_install_horovod.py, with the other patch sets)."""
+"""The setting that turns hvdtrain's idle-cycle patch on (scripts/horovod/patches/0008-...; the patch itself applying to
+the real sources is in test_horovod_patches.py, with the rest of the series)."""
 from __future__ import annotations
 
 from hvdtrain.distributed import settings
