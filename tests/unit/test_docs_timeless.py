@@ -3,8 +3,9 @@ no machine load, no commit hash, no issue number, no "we" or "our" of the people
 fact about the product in one timeless line and links to where the measurement is kept: the contributor pages
 (index.md's Contributing section, read from its toctree: the validation record, testing, writing these docs,
 architecture) or benchmarks/README.md's "The record" and benchmarks/results/ (the benchmarks' own dated record,
-cited by section title from the code; the README above it, how to run and read the benchmark, is checked). Inline code is read like prose (a results folder named by its date is history in
-backticks too); only fenced blocks, whose commands and sample output are not history, are left out."""
+cited by section title from the code; the README above it, how to run and read the benchmark, is checked).
+Inline code is read like prose (a results folder named by its date is history in backticks too); only fenced
+blocks, whose commands and sample output are not history, are left out."""
 from __future__ import annotations
 
 import re
