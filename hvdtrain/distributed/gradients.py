@@ -82,7 +82,7 @@ class GradientViews:
     """One flat buffer per bucket, each gradient a view of its slice (DDP's gradient_as_bucket_view).
 
     Backward then adds each gradient into its slice in place, so a bucket's gradients lie back to back in memory,
-    in the bucket's order, and hvdtrain's patched Horovod allreduces them there (scripts/horovod_perf.py): no copy
+    in the bucket's order, and hvdtrain's patched Horovod allreduces them there (scripts/horovod/patches, 0010): no copy
     into its fusion buffer and out again on the background thread. Correct either way: a Horovod without the patch,
     or a gradient that is no longer a view (replaced by user code), takes the fusion buffer as before.
     """

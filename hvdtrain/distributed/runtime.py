@@ -116,7 +116,7 @@ def world() -> World:
 
 
 def native_bf16() -> bool:
-    """Whether this Horovod has a bfloat16 data type (hvdtrain's patched build, scripts/horovod_bf16.py)."""
+    """Whether this Horovod has a bfloat16 data type (hvdtrain's patched build: scripts/horovod/patches, 0007)."""
     return hvd is not None and hasattr(hvd.mpi_ops.mpi_lib, BF16_BINDING)
 
 

@@ -1,6 +1,6 @@
 """bfloat16 on Horovod's wire: as bfloat16 with hvdtrain's patched Horovod, else as float32.
 
-hvdtrain's build of Horovod (scripts/horovod_bf16.py) has a bfloat16 data type: bf16 tensors go to the
+hvdtrain's build of Horovod (scripts/horovod/patches, 0007) has a bfloat16 data type: bf16 tensors go to the
 collectives as they are, and `--compression bf16` sends float gradients as bf16 (Bf16Compressor). Horovod
 0.28.1 as released refuses a bf16 tensor ("Tensor type torch.BFloat16Tensor is not supported."); with such a
 build (an old cached wheel) every bf16 tensor hvdtrain hands to a collective is upcast to float32, sent, and
