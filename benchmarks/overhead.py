@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.device = "cpu"
     import horovod.torch as hvd
 
-    from hvdtrain.distributed import runtime, settings
+    from hvdtrain.distributed import horovod_settings as settings
+    from hvdtrain.distributed import runtime
 
     config = bench_config(args.model, args.steps + WARMUP + 1, 1, args.smoke, 1)
     runtime.init(settings.horovod_env(config))   # hvdtrain's start, so the Trainer finds Horovod as it left it

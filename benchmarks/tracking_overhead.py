@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", help="folder for tracking_MODEL_logN.json")
     args = parser.parse_args(argv)
     args.device = "cpu"
-    from hvdtrain.distributed import runtime, settings
+    from hvdtrain.distributed import horovod_settings as settings
+    from hvdtrain.distributed import runtime
 
     variants = ["none", *[t for t in args.trackers.split(",") if t]]
     runtime.init(settings.horovod_env(bench_config(args.model, 2, 1, args.smoke, 1)))

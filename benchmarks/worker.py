@@ -81,7 +81,8 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
         import horovod.torch as hvd
 
         if args.variant == "hvdtrain":
-            from hvdtrain.distributed import runtime, settings
+            from hvdtrain.distributed import horovod_settings as settings
+            from hvdtrain.distributed import runtime
 
             # hvdtrain's own start, with its defaults and any Horovod settings in --hvdtrain-args
             # (the Trainer then finds Horovod running with the same settings)

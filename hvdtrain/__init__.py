@@ -37,17 +37,17 @@ __version__ = "0.1.0"
 __all__ = ["Trainer", "fit", "launch", "tune", "compress", "load_config", "TrainConfig", "History"]
 
 if TYPE_CHECKING:  # what IDEs and mypy see; at run time the names load on first use (below)
-    from hvdtrain.compression.api import compress
+    from hvdtrain.compression.compress_api import compress
     from hvdtrain.config.train_config import TrainConfig, load_config
     from hvdtrain.launcher.local import launch
     from hvdtrain.output.history import History
     from hvdtrain.train.trainer import Trainer, fit
-    from hvdtrain.tuning.api import tune
+    from hvdtrain.tuning.tune_api import tune
 
 _HOME = {"Trainer": "hvdtrain.train.trainer", "fit": "hvdtrain.train.trainer",
          "launch": "hvdtrain.launcher.local", "load_config": "hvdtrain.config.train_config",
          "TrainConfig": "hvdtrain.config.train_config", "History": "hvdtrain.output.history",
-         "tune": "hvdtrain.tuning.api", "compress": "hvdtrain.compression.api"}
+         "tune": "hvdtrain.tuning.tune_api", "compress": "hvdtrain.compression.compress_api"}
 
 
 def __getattr__(name: str) -> Any:

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from hvdtrain.cli.args import Commands, Parser, command_parser, positive_int
-from hvdtrain.cli.options import add_options, values
-from hvdtrain.compression.options import CompressOptions
+from hvdtrain.cli.option_flags import add_options, values
+from hvdtrain.compression.compress_options import CompressOptions
 from hvdtrain.errors import UserError
 
 
@@ -58,7 +58,7 @@ def launch(np: int, args: list[str], mpi: bool) -> int:
 
 
 def main(args: list[str]) -> int:
-    from hvdtrain.compression.api import compress, prepare
+    from hvdtrain.compression.compress_api import compress, prepare
 
     parsed = parser().parse_args(args)
     options = values(parsed, CompressOptions)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
-from hvdtrain.cli.options import add_options
+from hvdtrain.cli.option_flags import add_options
 from hvdtrain.cluster.allocations import from_env
 from hvdtrain.cluster.hostfile import Host, parse_hostfile, to_h_string, to_hostfile, total_slots
 from hvdtrain.config.fields import option

@@ -3,7 +3,7 @@
 Everything after the optional --secrets-dir and --grace-s goes to horovodrun unchanged, but for one thing: each
 worker's command starts through launcher/worker_start.py, which sets, before any user code, the credentials and a
 thread share (below), then execs it (`python -m hvdtrain` starts as it is: it does the same itself).
-Credential-like variables (hvdtrain/launcher/secrets.py) go to the workers in a 0600 file in DIR (default: the
+Credential-like variables (hvdtrain/environment/secrets_file.py) go to the workers in a 0600 file in DIR (default: the
 launching directory, which horovodrun makes every worker's working directory, so it must be visible at the same
 path on every host, as a relative --run-dir must), and from there into each worker's environment, whatever program
 it runs; the file is removed when horovodrun exits. Without OMP_NUM_THREADS or MKL_NUM_THREADS, each worker gets
@@ -57,9 +57,9 @@ def parser(commands: Commands | None = None) -> Parser:
 
 def main(args: list[str]) -> int:
     from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV, new_key
-    from hvdtrain.distributed.settings import mpirun_defaults
+    from hvdtrain.distributed.horovod_settings import mpirun_defaults
+    from hvdtrain.environment.credentials import split_env
     from hvdtrain.launcher.horovodrun import remove_quietly, worker_env
-    from hvdtrain.launcher.secrets import split_env
     from hvdtrain.output.console import console
 
     if not args:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
-from hvdtrain.cli.options import add_options, values
+from hvdtrain.cli.option_flags import add_options, values
 from hvdtrain.config.fields import option
 from hvdtrain.config.train_config import DEVICES, TrainConfig, load_config
 from hvdtrain.errors import UserError
@@ -74,7 +74,7 @@ def load_trained(path: str, model: str = "") -> tuple[dict[str, torch.Tensor] | 
     run directory: then the first value is its path, loaded by each process that predicts. A model that
     cannot be rebuilt is refused here (one line: why, and the fix), before any process starts.
     """
-    from hvdtrain.train import finished_run
+    from hvdtrain.trained import finished_run
 
     file = Path(path)
     if file.is_dir() and (file / "model.pt2").is_file():
@@ -102,8 +102,8 @@ def predict_split(state: dict[str, torch.Tensor] | Path, config: TrainConfig, sp
     import torch
 
     from hvdtrain.data.datasets import build_data
-    from hvdtrain.train import finished_run
     from hvdtrain.train.evaluation import predict_shard
+    from hvdtrain.trained import finished_run
 
     data = build_data(config)
     dataset = data.train if split == "train" else data.val

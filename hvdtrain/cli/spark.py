@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
-from hvdtrain.cli.options import add_options, values
+from hvdtrain.cli.option_flags import add_options, values
 from hvdtrain.config.fields import option
 from hvdtrain.errors import UserError
 
@@ -32,7 +32,7 @@ def parser(commands: Commands | None = None) -> Parser:
 def main(args: list[str]) -> int:
     """Train the config given by `args` on Spark; exit 0, 2 for a user error (on any rank), 1 for a crash."""
     from hvdtrain.cli.remote_fit import fit_and_report
-    from hvdtrain.spark.runner import fit
+    from hvdtrain.spark.spark_fit import fit
 
     parsed, config = parser().parse_with_config(args)  # bad keys fail here, before Spark starts
     options = SparkOptions(**values(parsed, SparkOptions))

@@ -53,9 +53,10 @@ def _command_line(args: list[str]) -> tuple[TrainConfig, set[str]]:
 
 def _config(args: list[str]) -> TrainConfig:
     """The config `hvdtrain train ARGS` trains with here, as prepare_run() makes it: with the defaults a Slurm job
-    implies for keys not given (--name slurm-<job id>; --resume auto once the job was requeued; cluster/slurm.py)."""
+    implies for keys not given (--name slurm-<job id>; --resume auto once the job was requeued;
+    cluster/slurm_requeue.py)."""
     import os
 
-    from hvdtrain.cluster.slurm import with_requeue_defaults
+    from hvdtrain.cluster.slurm_requeue import with_requeue_defaults
 
     return with_requeue_defaults(*_command_line(args), os.environ)[0]

@@ -15,9 +15,9 @@ import sys
 from types import FrameType
 
 from hvdtrain.cli.args import Commands, Parser, command_parser
-from hvdtrain.cli.options import add_options, values
+from hvdtrain.cli.option_flags import add_options, values
 from hvdtrain.errors import Stopped
-from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 
 def parser(commands: Commands | None = None) -> Parser:
@@ -30,7 +30,7 @@ def parser(commands: Commands | None = None) -> Parser:
 
 def main(args: list[str]) -> int:
     from hvdtrain.errors import ConfigError
-    from hvdtrain.tuning.api import tune
+    from hvdtrain.tuning.tune_api import tune
 
     cli = parser()
     parsed, config = cli.parse_with_config(args)

@@ -5,6 +5,6 @@ Each method reads a finished run directory and writes a new one: the compressed 
 torch.export (`model.pt2`, loads with plain torch), its weights (`compressed.pt`), the config, and a
 report measured side by side with the original (report.json, report.txt, report.png).
 
-Entry points: `hvdtrain.compress(...)` (hvdtrain.compression.api) and `hvdtrain compress RUN_DIR`.
+Entry points: `hvdtrain.compress(...)` (hvdtrain.compression.compress_api) and `hvdtrain compress RUN_DIR`.
 Model code never imports Horovod; the distributed steps (fine-tune, distillation) use the Trainer.
 """

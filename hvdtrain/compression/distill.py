@@ -17,13 +17,13 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from hvdtrain.compression import measure
-from hvdtrain.compression.options import CompressOptions
+from hvdtrain.compression.compress_options import CompressOptions
 from hvdtrain.compression.outcome import Outcome, follow_up_config, say
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import UserError, first_line
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train.finished_run import FinishedRun
 from hvdtrain.train.metrics import TopK
+from hvdtrain.trained.finished_run import FinishedRun
 
 
 def labels_of(targets: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from hvdtrain.compression.options import CompressOptions
+from hvdtrain.compression.compress_options import CompressOptions
 from hvdtrain.config.train_config import TrainConfig, load_config
 from hvdtrain.environment import process
 from hvdtrain.output.console import console

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from hvdtrain.compression import measure
-from hvdtrain.compression.options import CompressOptions
+from hvdtrain.compression.compress_options import CompressOptions
 from hvdtrain.compression.outcome import Outcome, follow_up_config, say
 from hvdtrain.errors import UserError
-from hvdtrain.train.finished_run import FinishedRun
+from hvdtrain.trained.finished_run import FinishedRun
 
 # Layers that keep a channel's identity (they act per channel or per element).
 _PASS_THROUGH = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Dropout, nn.Identity,

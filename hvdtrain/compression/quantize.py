@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from hvdtrain.compression.compress_options import MODES, CompressOptions
 from hvdtrain.compression.export import export_program, quiet_torchao
-from hvdtrain.compression.options import MODES, CompressOptions
 from hvdtrain.compression.outcome import Outcome, say
 from hvdtrain.data.datasets import Data
 from hvdtrain.errors import UserError, first_line
-from hvdtrain.train.finished_run import FinishedRun
+from hvdtrain.trained.finished_run import FinishedRun
 
 
 @dataclass

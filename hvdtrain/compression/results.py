@@ -9,15 +9,16 @@ from typing import Any
 
 import torch
 
-from hvdtrain.compression import measure, report
+from hvdtrain.compression import comparison_report as report
+from hvdtrain.compression import measure
+from hvdtrain.compression.compress_options import CompressOptions
 from hvdtrain.compression.export import export_program, load_exported, max_difference, program_bytes, save_program
-from hvdtrain.compression.options import CompressOptions
 from hvdtrain.compression.outcome import Outcome, say
 from hvdtrain.config.train_config import to_yaml
 from hvdtrain.errors import UserError, first_line
 from hvdtrain.output.console import console
 from hvdtrain.output.files import atomic_write, write_text
-from hvdtrain.train.finished_run import FinishedRun
+from hvdtrain.trained.finished_run import FinishedRun
 
 EXPORT_TOLERANCE = 1e-5                # max |exported - in-process| output difference accepted
 

@@ -5,10 +5,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.compression.options import CompressOptions
+from hvdtrain.compression.compress_options import CompressOptions
 from hvdtrain.output.console import console
 from hvdtrain.tracking.one_shot import log_run
-from hvdtrain.train.finished_run import FinishedRun
+from hvdtrain.trained.finished_run import FinishedRun
 
 
 def figures(result: dict[str, Any]) -> tuple[dict[str, str], dict[str, float]]:

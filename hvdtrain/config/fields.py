@@ -1,7 +1,7 @@
 """`option()`: a dataclass field that carries its one-line help, the one place an option is described.
 
 TuneSettings, CompressOptions and the CLI's own option dataclasses declare their fields with it, and
-`hvdtrain/cli/options.py` turns those fields into argparse flags, so `--help` and the defaults it shows
+`hvdtrain/cli/option_flags.py` turns those fields into argparse flags, so `--help` and the defaults it shows
 cannot drift from the code. (TrainConfig's `option(default, help)` writes the same metadata.)
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ Layout (big-endian), at most MAX_DATAGRAM bytes:
     | HMAC-SHA256(key, everything before): 32 bytes
 
 The key never rides on a command line: `hvdtrain launch` puts it in the 0600 secrets file (a variable
-named CONTROL_KEY_ENV, a credential by secrets.is_credential), Ray's elastic driver inside the pickled job,
+named CONTROL_KEY_ENV, a credential by credentials.is_credential), Ray's elastic driver inside the pickled job,
 and the peer watch without a key of the launcher's agrees one over Horovod itself at start-up.
 """
 from __future__ import annotations
@@ -32,8 +32,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hvdtrain.environment.secrets_file import SECRETS_FILE_ENV, read_secrets_file
+from hvdtrain.errors import UserError
+
 CONTROL_KEY_ENV = "HVDTRAIN_CONTROL_KEY"   # the per-job key; a credential: never on a command line
-SECRETS_FILE_ENV = "HVDTRAIN_SECRETS_FILE"   # as launcher/secrets.py names it (that layer sits above this one)
 HEARTBEAT_S = 1.0     # every heartbeat of the control plane, rank to rank and worker to driver
 MAX_DATAGRAM = 512
 MAGIC = b"HVC1"
@@ -83,11 +85,9 @@ def key_from_env(env: Mapping[str, str]) -> bytes | None:
     value = env.get(CONTROL_KEY_ENV, "")
     if not value and env.get(SECRETS_FILE_ENV):
         try:   # a worker whose own code never loaded the file (a user script under `hvdtrain launch`)
-            lines = Path(env[SECRETS_FILE_ENV]).read_text().splitlines()
-        except OSError:
-            lines = []
-        value = next((line.partition("=")[2] for line in lines if line.partition("=")[0].strip() == CONTROL_KEY_ENV),
-                     "")
+            value = read_secrets_file(Path(env[SECRETS_FILE_ENV])).get(CONTROL_KEY_ENV, "")
+        except UserError:   # unreadable here, or not the format: no key from it (loading it reports why)
+            value = ""
     return value.encode() if value else None
 
 

@@ -16,7 +16,7 @@ datagrams, and only an authenticated answer naming this very worker (host, slot,
 who beats, nothing else: how long a silence the driver tolerates is the driver's setting, not the packet's.
 
 The same channel carries the driver's "save" as it ends a job below --min-np: a worker waiting for the world
-to re-form saves the last commit (train/elastic.py) and answers "saved", so the driver stops the job only after
+to re-form saves the last commit (train/loop_run.py) and answers "saved", so the driver stops the job only after
 it, however late the worker noticed the loss (a timer of the worker's own could lose that race).
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hvdtrain.distributed.settings import gloo_defaults, idle_defaults, mpi_defaults, timeout_defaults
+from hvdtrain.distributed.horovod_settings import gloo_defaults, idle_defaults, mpi_defaults, timeout_defaults
 from hvdtrain.environment import caller, process
 from hvdtrain.errors import UserError
 

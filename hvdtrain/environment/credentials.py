@@ -1,23 +1,31 @@
-"""Credentials by the shape of a value, whatever its variable is called, and how to write text without them.
+"""Credentials, the one home of telling them: by a variable's name (`is_credential`: HF_TOKEN, DB_PASSWORD, AWS_*),
+by the shape of a value whatever its variable is called (`looks_secret`), and how to write text without them
+(`redact`). The launchers keep credentials off command lines (`split_env`; they travel in the secrets file,
+environment/secrets_file.py) and a Gloo worker names those that came on one anyway (`leak_warning`).
+
+By the shape of a value:
 
 A URL with a password in its userinfo (`MLFLOW_TRACKING_URI=http://user:pw@host`, DATABASE_URL, HTTPS_PROXY),
 a connection string with an AccountKey / Password / SharedAccessSignature (Azure storage, ODBC, Service
 Bus, SAS query strings), a URL's `token=` / `api_key=` / `X-Amz-Signature=` query parameter, an
 `Authorization: Bearer ...` header, a `NAME=value` whose name says credential (`WANDB_API_KEY=...`), a PEM
 private key, a Slack or Discord webhook URL, or a token with a well-known prefix (ghp_, hf_, sk-, xoxb-, AKIA,
-dapi, sk_live_, ya29., SG....). The launchers keep such values off command lines (launcher/secrets.py);
+dapi, sk_live_, ya29., SG....). The launchers keep such values off command lines (environment/secrets_file.py);
 `redact()` writes them as `user:***@` / `***` wherever hvdtrain shows or stores text that may hold them (run
 folders, MLflow / W&B params and tags, warning lines).
 
 A bare 40-hex value is not a credential by its shape: a W&B API key is one, but so is every git commit id
 (CI's GIT_COMMIT / GITHUB_SHA, a tracker's source-commit tag), and masking those would hide which code ran.
-A W&B key is recognised by its context instead: its variable's name (WANDB_API_KEY, launcher/secrets.py),
+A W&B key is recognised by its context instead: its variable's name (WANDB_API_KEY, environment/secrets_file.py),
 `WANDB_API_KEY=<key>` or `api_key=<key>` in text, `password <key>` in a netrc line, an Authorization header.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from hvdtrain.environment import process
+from hvdtrain.environment.secrets_file import SECRETS_FILE_ENV
 
 MASK = "***"
 
@@ -109,3 +117,74 @@ def redact(text: str) -> str:
     for pattern, replacement in _RULES:
         text = pattern.sub(replacement, text)
     return text
+
+
+# Whole words of a variable's name (split at '_'), so KEYBOARD, MONKEY or TOKENIZERS_PARALLELISM do not match.
+CREDENTIAL_WORDS = frozenset({"TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE",
+                              "CREDENTIAL", "CREDENTIALS", "KEY", "KEYS", "APIKEY", "PAT", "COOKIE", "JWT",
+                              "AUTHORIZATION", "WEBHOOK", "WEBHOOKS", "NETRC"})
+# Long enough to match at the end of a word too (PGPASSWORD, GHTOKEN); KEY is not (MONKEY, HOTKEY).
+CREDENTIAL_ENDINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIALS", "APIKEY", "WEBHOOK")
+# Short words that name a credential only as the last word of a longer name: MYSQL_PWD, DB_PASS, HTTP_AUTH; not
+# the shell's PWD (its current directory) or OLDPWD, nor PASS_THROUGH, SSH_AUTH_SOCK or AUTH_URL.
+CREDENTIAL_LAST_WORDS = frozenset({"PWD", "PASS", "AUTH"})
+# Whole names that hold a credential but match no word rule (GitLab CI's registry logins, JSON).
+CREDENTIAL_NAMES = frozenset({"DOCKER_AUTH_CONFIG"})
+# Every AWS_* is treated as one (AWS_SESSION_TOKEN, AWS_SECRET_ACCESS_KEY, ...) but its plain settings.
+CREDENTIAL_PREFIXES = ("AWS_",)
+AWS_SETTINGS = frozenset({"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_CONFIG_FILE",
+                          "AWS_DEFAULT_OUTPUT", "AWS_ENDPOINT_URL", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE",
+                          "AWS_STS_REGIONAL_ENDPOINTS", "AWS_SDK_LOAD_CONFIG", "AWS_EC2_METADATA_DISABLED"})
+# Variables the workers need by name, never secret themselves: Horovod's own (its secret key it never
+# forwards) and the path of our file.
+NEVER = frozenset({SECRETS_FILE_ENV})
+# The launching shell's own state: meaningless on a worker, and some of it (an ssh agent socket) is sensitive.
+LAUNCHER_ONLY = frozenset({"SSH_AUTH_SOCK", "SSH_AGENT_PID", "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY",
+                           "LS_COLORS", "DISPLAY", "XAUTHORITY", "PS1", "PROMPT_COMMAND", "HISTFILE", "MAIL",
+                           "DBUS_SESSION_BUS_ADDRESS", "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "OLDPWD"})
+
+
+def is_credential(name: str, value: str | None = None) -> bool:
+    """Whether a variable's value should never appear on a command line: by its name, or by its value's shape.
+
+    Example:
+        >>> [is_credential(n) for n in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SESSION_ID", "KEYBOARD", "AWS_REGION")]
+        [True, True, True, False, False]
+        >>> [is_credential(n) for n in ("MYSQL_PWD", "DB_PASS", "HTTP_AUTH", "PWD", "OLDPWD", "SSH_AUTH_SOCK")]
+        [True, True, True, False, False, False]
+        >>> [is_credential("MLFLOW_TRACKING_URI", v) for v in ("http://u:pw@mlflow", "http://mlflow")]
+        [True, False]
+    """
+    if value and looks_secret(value):
+        return True
+    upper = name.upper()
+    if upper in NEVER or upper in AWS_SETTINGS or upper.startswith("HOROVOD_"):
+        return False
+    words = upper.split("_")
+    return (upper in CREDENTIAL_NAMES or upper.startswith(CREDENTIAL_PREFIXES)
+            or not CREDENTIAL_WORDS.isdisjoint(words) or (len(words) > 1 and words[-1] in CREDENTIAL_LAST_WORDS)
+            or any(word.endswith(CREDENTIAL_ENDINGS) for word in words))
+
+
+def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(what workers may get on their command line, credentials), launcher-only variables dropped."""
+    public: dict[str, str] = {}
+    secret: dict[str, str] = {}
+    for name, value in env.items():
+        if name in LAUNCHER_ONLY:
+            continue
+        (secret if is_credential(name, value) else public)[name] = value
+    return public, secret
+
+
+def leak_warning(environ: Mapping[str, str], loaded: list[str]) -> str | None:
+    """On a Gloo worker under horovodrun: a one-line warning naming credentials that came on its command line."""
+    started = process.from_env(environ)
+    if environ.get("HOROVOD_CONTROLLER") != "gloo" or started is None or started.launcher != "gloo":
+        return None  # MPI passes names only (mpirun -x); schedulers set the environment directly
+    leaked = sorted(name for name, value in environ.items() if is_credential(name, value) and name not in loaded)
+    if not leaked:
+        return None
+    return (f"warning: {', '.join(leaked)} reached the workers on horovodrun's command line, readable in the "
+            f"process list of every host; use `hvdtrain launch` instead of horovodrun, or pass them in a "
+            f"0600 file named by {SECRETS_FILE_ENV} (docs/security.md)")

@@ -8,7 +8,7 @@ from the discovery output leave every worker blocked in its re-rendezvous with n
 and waits HOROVOD_ELASTIC_TIMEOUT (600 s) for slots while the survivors block. A thread here watches the
 driver: below --min-np for --start-timeout seconds (the time a replacement host gets to start), it
 prints one line naming the hosts that left, stops the driver (which terminates the workers) and exits 1.
-Workers see the same bound (WAIT_ENV): a survivor saves the last commit while waiting (train/elastic.py), and
+Workers see the same bound (WAIT_ENV): a survivor saves the last commit while waiting (train/loop_run.py), and
 before the stop this driver asks them for it and waits for their answers (ASK_SAVE_S at most); with enough
 slots (a joining host still loading its data) they wait on, as the world can still form.
 A worker that stays up but goes silent (frozen, or its host cut off the network) exits nothing Horovod can

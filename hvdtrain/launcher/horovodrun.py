@@ -12,8 +12,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from hvdtrain.environment.credentials import split_env
+from hvdtrain.environment.secrets_file import SECRETS_FILE_ENV, write_secrets_file
 from hvdtrain.errors import UserError
-from hvdtrain.launcher.secrets import SECRETS_FILE_ENV, split_env, write_secrets_file
 
 
 def horovodrun() -> str:

@@ -18,6 +18,8 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import control_wire, horovod_rendezvous, horovod_runner
 from hvdtrain.distributed.control_wire import CONTROL_KEY_ENV
 from hvdtrain.distributed.rendezvous_auth import RefusedRequests
+from hvdtrain.environment.credentials import split_env
+from hvdtrain.environment.secrets_file import SECRETS_FILE_ENV, write_secrets_file
 from hvdtrain.errors import LaunchError, WorkerError
 from hvdtrain.launcher.guard import (
     Guarded,
@@ -31,7 +33,6 @@ from hvdtrain.launcher.horovodrun import remove_quietly
 from hvdtrain.launcher.job_store import JobStore, serving
 from hvdtrain.launcher.main_guard import check_main_guard
 from hvdtrain.launcher.sealed import KEY_VAR, SealedJob, new_key, seal
-from hvdtrain.launcher.secrets import SECRETS_FILE_ENV, split_env, write_secrets_file
 
 
 def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int = 2, hosts: str | None = None,
@@ -51,7 +52,7 @@ def launch(fn_or_config: Callable[..., Any] | TrainConfig, *args: Any, np: int =
         use_mpi: launch with MPI instead of Gloo.
         network_interfaces: NICs for Horovod's traffic; default ["lo"] on localhost.
         start_timeout: seconds to wait for all workers to start.
-        env: extra environment variables for the workers. Credential-like ones (secrets.is_credential),
+        env: extra environment variables for the workers. Credential-like ones (credentials.is_credential),
             here or in this process's environment, reach the workers inside the sealed job, never on
             a command line; the rest go the way horovodrun sends its environment.
         secrets_dir: folder of the launch's 0600 key file, which every worker reads at the same path

@@ -86,7 +86,7 @@ def result_token(key: bytes, rank: int, length: int) -> str:
 
 def read_key(key_file: str) -> bytes:
     """The launch's key from its secrets file; a UserError naming the file when this host cannot read it."""
-    from hvdtrain.launcher.secrets import read_secrets_file
+    from hvdtrain.environment.secrets_file import read_secrets_file
 
     value = read_secrets_file(Path(key_file)).get(KEY_VAR, "")
     try:

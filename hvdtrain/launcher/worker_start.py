@@ -4,7 +4,7 @@ user's command replaces it (exec: the same process, so stdin, signals and the ex
 `hvdtrain launch` puts this in front of the command it hands to horovodrun, so any program a worker runs (a plain
 Horovod script that never imports hvdtrain, a shell script) finds:
 - its credentials in the environment: the variables of the 0600 file HVDTRAIN_SECRETS_FILE names (only that path
-  travels, never a value on a command line; launcher/secrets.py), as if they had been exported on the worker;
+  travels, never a value on a command line; environment/secrets_file.py), as if they had been exported on the worker;
 - a share of this host's cores, unless the user set OMP_NUM_THREADS or MKL_NUM_THREADS: cores // the workers on
   this host, at least 1, in both (nothing for a worker alone on its host). Otherwise torch (OpenMP) takes every
   core in every worker, and they fight each other and Gloo's threads: issue 52 saw Horovod's
@@ -25,8 +25,9 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 from hvdtrain.environment import process
+from hvdtrain.environment.credentials import leak_warning
+from hvdtrain.environment.secrets_file import load_secrets_file
 from hvdtrain.errors import UserError
-from hvdtrain.launcher.secrets import leak_warning, load_secrets_file
 
 MODULE = "hvdtrain.launcher.worker_start"
 # What OpenMP (torch's intra-op pool) and MKL read; either one set by the user means the user chose.

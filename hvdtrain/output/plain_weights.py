@@ -59,7 +59,7 @@ def load_plain_state(model: nn.Module, state: Mapping[str, Any], strict: bool = 
 
 
 class PlainWeights:
-    """The model as a stateful component (train/stateful.py): its weights under the plain keys, loaded into a
+    """The model as a stateful component (checkpoint/stateful.py): its weights under the plain keys, loaded into a
     compiled or a plain model alike."""
 
     def __init__(self, model: nn.Module) -> None:

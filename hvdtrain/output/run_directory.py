@@ -21,7 +21,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.errors import UserError
 from hvdtrain.output.claim import Claim, Handover, claim, claim_new
 from hvdtrain.output.console import console
-from hvdtrain.output.run_dir import RunLog
+from hvdtrain.output.run_log import RunLog
 from hvdtrain.tracking import system
 
 

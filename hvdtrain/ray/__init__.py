@@ -3,6 +3,6 @@
 Named after Ray; inside this package `import ray` is absolute (from __future__ annotations and Python 3's
 absolute imports), so it finds the Ray library, never this package.
 """
-from hvdtrain.ray.runner import fit
+from hvdtrain.ray.ray_fit import fit
 
 __all__ = ["fit"]

@@ -36,7 +36,7 @@ class StudyRun:
     @property
     def env(self) -> dict[str, str]:
         """What a trial's job needs to log into the study's store, nested under its run. A URI with a password is a
-        credential (launcher/secrets.py): the job runner sends it the way of the other credentials."""
+        credential (environment/secrets_file.py): the job runner sends it the way of the other credentials."""
         return {} if self.failed else {"MLFLOW_TRACKING_URI": self.sink.uri, context.PARENT_ENV: self.sink.run_id}
 
     def trial_done(self, trial: Any, run_path: Path) -> None:

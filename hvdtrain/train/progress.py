@@ -1,7 +1,7 @@
 """Where training stands: checkpoints and elastic commits save exactly this.
 
 One record, not a piece in each component: Horovod's elastic state commits and restores it as one object (a
-reference swap, train/elastic.py), so position, steps, best and metric sums always roll back together; and the
+reference swap, train/loop_run.py), so position, steps, best and metric sums always roll back together; and the
 checkpoint file keeps it under one key, "progress" (with the metric sums apart, per rank: MetricSums).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Progress:
     stats: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     best: float = math.nan      # best value of config.monitor so far
     best_epoch: int = -1        # the epoch (0-based) that reached it; best.pt holds its weights
-    branch: int = 0             # checkpoints' line of descent: a rollback starts the next (train/checkpoint.py)
+    branch: int = 0             # checkpoints' line of descent: a rollback starts the next (checkpoint/format.py)
     # A stream's changes of workers in this epoch, (position, workers before): data/stream_layout.py
     resplits: list[tuple[int, int]] = field(default_factory=list)
 
@@ -37,7 +37,7 @@ class Progress:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if stats or f.name != "stats"}
 
     def state_dict(self) -> dict[str, Any]:
-        """Stateful (train/stateful.py): every field but this rank's metric sums (MetricSums saves those)."""
+        """Stateful (checkpoint/stateful.py): every field but this rank's metric sums (MetricSums saves those)."""
         return self.values(stats=False)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -55,7 +55,7 @@ class Progress:
 
 
 class MetricSums:
-    """Stateful per rank (train/stateful.py): this rank's metric sums of the epoch so far, kept in the progress
+    """Stateful per rank (checkpoint/stateful.py): this rank's metric sums of the epoch so far, kept in the progress
     (they roll back with it on an elastic reset)."""
 
     def __init__(self, progress: Progress) -> None:

@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from hvdtrain.checkpoint.rng_state import rng_preserved
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import collectives, runtime
 from hvdtrain.output.console import console
 from hvdtrain.output.history import History
 from hvdtrain.output.run_directory import RunDirectory
-from hvdtrain.train import checkpoint
 from hvdtrain.train.batch import to_device
 from hvdtrain.train.early_stopping import improved, patience_exhausted
 from hvdtrain.train.evaluation import param_digest
@@ -151,7 +151,7 @@ def first_batch_layout(settings: MetricsSettings, metrics: Sequence[str | Metric
                        autocast: AbstractContextManager[Any], default_step: bool) -> MetricSet:
     """One step on a small batch, before anything is written: an unsupported batch, output, loss or metric is a
     one-line UserError on every rank alike. Returns the metrics' layout (`metrics`, else --metrics)."""
-    with checkpoint.rng_preserved(), torch.no_grad(), autocast:
+    with rng_preserved(), torch.no_grad(), autocast:
         model.eval()
         try:
             out = run_step(model, to_device(batch, device))

@@ -6,11 +6,11 @@ more caller of prepare_run()).
   credentials that came on horovodrun's command line (launcher/worker_start.py's take_secrets; launcher/ sits above
   this layer, so the package root hands it down through use_secrets_reader()).
 - Gloo over srun: a task of an srun step with no MPI and no horovodrun joins the step's Gloo world
-  (train/slurm_gloo.py).
-- Slurm's requeue defaults (cluster/slurm.py): inside a Slurm job the process's first run is named `slurm-<job id>`
-  and, once the job was requeued, resumes (`resume="auto"`): a requeued job goes on by itself. Keys the user gave
-  win: the CLI says which it was given; for a Trainer, a key set to other than its default counts as given. Later
-  runs of the same process keep their config (two runs cannot share one folder).
+  (train/slurm_gloo_join.py).
+- Slurm's requeue defaults (cluster/slurm_requeue.py): inside a Slurm job the process's first run is named
+  `slurm-<job id>` and, once the job was requeued, resumes (`resume="auto"`): a requeued job goes on by itself.
+  Keys the user gave win: the CLI says which it was given; for a Trainer, a key set to other than its default
+  counts as given. Later runs of the same process keep their config (two runs cannot share one folder).
 - Stop signals (train/signals.py): SIGINT, SIGTERM and SIGUSR1 note a stop the ranks agree on (a checkpoint, then
   Stopped) while the run trains (RunSetup.stops(): the CLI's whole run, hvdtrain.fit's, each Trainer.fit()); the
   previous handlers come back after, even when it fails. A Stopped that ends a script prints the CLI's one line, not
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from hvdtrain.cluster.slurm import with_requeue_defaults
+from hvdtrain.cluster.slurm_requeue import with_requeue_defaults
 from hvdtrain.environment.process import is_rank_zero
 from hvdtrain.errors import Stopped
 from hvdtrain.output.console import console
@@ -111,7 +111,7 @@ class ProcessStart:
         """Horovod: srun's tasks with no MPI get Gloo's variables and rendezvous (before Horovod starts)."""
         if self.joined:
             return
-        from hvdtrain.train.slurm_gloo import join  # its rendezvous server is Horovod's: loaded when joining only
+        from hvdtrain.train.slurm_gloo_join import join  # its rendezvous server is Horovod's: loaded when joining only
 
         self.joined = True
         joined = join(self.environ)
@@ -144,7 +144,8 @@ def start_horovod(config: TrainConfig) -> World:
     the host's cores unless config.threads) and the host memory kept between steps."""
     import torch
 
-    from hvdtrain.distributed import runtime, settings
+    from hvdtrain.distributed import horovod_settings as settings
+    from hvdtrain.distributed import runtime
     from hvdtrain.train.device import threads_per_worker
     from hvdtrain.train.host_memory import keep_host_memory
 
@@ -160,7 +161,8 @@ def started(config: TrainConfig, handle_signals: bool = True) -> Iterator[tuple[
     job is in the new world at once (the others wait for its data in the first sync, not in a rendezvous that gives up
     after --gloo-timeout-seconds). Yields the run's config and world, the stop handlers in place. When the block
     ends, the variables set in os.environ for it go back to the caller's (runtime.started), and the handlers too."""
-    from hvdtrain.distributed import runtime, settings  # only now: `import hvdtrain` loads no torch
+    from hvdtrain.distributed import horovod_settings as settings  # only now: `import hvdtrain` loads no torch
+    from hvdtrain.distributed import runtime
 
     setup = prepare_run(config, handle_signals=handle_signals)
     PROCESS.inside = True

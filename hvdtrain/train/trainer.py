@@ -9,6 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from hvdtrain.checkpoint.manager import Checkpointer, CheckpointSettings
+from hvdtrain.checkpoint.rng_state import RandomState
+from hvdtrain.checkpoint.stateful import TrainingState
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.data.loader import LoadingSettings, build_loader
@@ -25,20 +28,17 @@ from hvdtrain.output.console import banner_lines, console
 from hvdtrain.output.history import History
 from hvdtrain.output.run_directory import RunDirectory, RunDirSettings
 from hvdtrain.train.batch import to_device
-from hvdtrain.train.checkpointer import Checkpointer, CheckpointSettings
 from hvdtrain.train.device import pick_device
-from hvdtrain.train.elastic import ElasticRun, ElasticSettings, LocalRun, LoopHooks
 from hvdtrain.train.evaluation import Collate, evaluate, predict, probe_batch
+from hvdtrain.train.loop_run import ElasticRun, ElasticSettings, LocalRun, LoopHooks
 from hvdtrain.train.lr_schedule import lr_at, scaled_lr, schedule_steps, set_lrs
 from hvdtrain.train.metrics import BatchParts, Metric
 from hvdtrain.train.optim import make_optimizer
 from hvdtrain.train.optimizer_step import OptimizerStep
 from hvdtrain.train.precision import Precision, PrecisionSettings
 from hvdtrain.train.progress import MetricSums, Progress
-from hvdtrain.train.random_state import RandomState
 from hvdtrain.train.reporting import MetricsSettings, Reporter, first_batch_layout
 from hvdtrain.train.run_start import prepare_run, start_horovod, started
-from hvdtrain.train.stateful import TrainingState
 from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, labels_in_range, run_step
 
 AfterEpoch = Callable[[dict[str, Any]], bool]
@@ -139,11 +139,11 @@ class Trainer:
         hooks = LoopHooks(train=self._train_until, begin=self._begin, resize=self._resize, state=self._state,
                           zero_stats=self.reporter.zeros,
                           check_work_left=lambda p, end_epoch: p.check_work_left(end_epoch, config.max_steps))
-        driver = ElasticRun if config.elastic else LocalRun   # the one place elastic and fixed-size runs differ
-        self.driver: LocalRun | ElasticRun = driver(ElasticSettings.of(config), hooks, self.run, self.checkpointer,
-                                                    self.model, self.optimizer)
+        runner = ElasticRun if config.elastic else LocalRun   # the one place elastic and fixed-size runs differ
+        self.loop_runner: LocalRun | ElasticRun = runner(ElasticSettings.of(config), hooks, self.run,
+                                                         self.checkpointer, self.model, self.optimizer)
         with self.run.closed_on_error(owned=run_directory is None):   # a caller's is the caller's to close
-            self.driver.open(self.progress, is_root=world.is_root)   # rank 0's run-directory verdict for all
+            self.loop_runner.open(self.progress, is_root=world.is_root)   # rank 0's run-directory verdict for all
 
     @property
     def history(self) -> History:
@@ -168,9 +168,9 @@ class Trainer:
         if not first_call:
             p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
         self.reporter.samples_this_fit, start = 0, time.perf_counter()
-        with self.setup.stops(), self.driver.watching(), runtime.started():
+        with self.setup.stops(), self.loop_runner.watching(), runtime.started():
             # Horovod: a lost or frozen rank is named, never a hang. A stop signal ends the loop with a checkpoint.
-            self.progress = self.driver.run(p, end_epoch)
+            self.progress = self.loop_runner.run(p, end_epoch)
             self.reporter.finish(self.progress, time.perf_counter() - start, self.model, self.world)
         return self.history
 
@@ -203,7 +203,7 @@ class Trainer:
                     self.random.mark()
                 if finished and self.checkpointer.due_at_epoch(p.epoch):
                     self._checkpoint(p)
-                self.driver.commit(p)
+                self.loop_runner.commit(p)
             if config.max_steps and p.step >= config.max_steps and p.position and not (
                     self.checkpointer.due_at_step(p.step)):
                 self._checkpoint(p)     # stopped mid-epoch: --resume (with a higher --max-steps) goes on from here
@@ -257,7 +257,7 @@ class Trainer:
                 self._stop_if(p, self.reporter.log_interval(p, self.base_lrs[0] * lr_factor))
             if self.checkpointer.due_at_step(p.step):
                 self._checkpoint(p)
-            self.driver.commit(p, step=True)                # Horovod: an elastic commit may admit new hosts
+            self.loop_runner.commit(p, step=True)                # Horovod: an elastic commit may admit new hosts
             if config.max_steps and p.step >= config.max_steps:
                 break
         p.stats = self.reporter.metrics.add_parts(p.stats, applied)
@@ -271,7 +271,7 @@ class Trainer:
         return self.checkpointer.gather_and_save(self._state(p), p.step, is_root=self.world.is_root)
 
     def _state(self, p: Progress, own_loader: bool = True) -> TrainingState:
-        """What a checkpoint holds, by file key (train/stateful.py); no loader RNG without `own_loader` (elastic)."""
+        """What a checkpoint holds, by file key (checkpoint/stateful.py); no loader RNG without `own_loader`."""
         return TrainingState({"progress": p, "scaler": self.precision},
                              {"rng": self.random if own_loader else RandomState(), "stats": MetricSums(p)})
 

@@ -7,6 +7,6 @@ one Horovod job), report.py (lines, table, best.yaml, plots), api.py (the entry 
 """
 from __future__ import annotations
 
-from hvdtrain.tuning.api import TuneResult, tune
+from hvdtrain.tuning.tune_api import TuneResult, tune
 
 __all__ = ["TuneResult", "tune"]

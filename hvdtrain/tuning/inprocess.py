@@ -16,15 +16,15 @@ from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import collectives, runtime
-from hvdtrain.distributed.settings import horovod_env
+from hvdtrain.distributed.horovod_settings import horovod_env
 from hvdtrain.errors import Stopped, UserError
 from hvdtrain.tracking.study_run import StudyRun
 from hvdtrain.train.lr_schedule import scaled_lr
-from hvdtrain.tuning.report import Progress, announce
-from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import Param, trial_config
 from hvdtrain.tuning.study import Study, open_study
+from hvdtrain.tuning.study_report import Progress, announce
 from hvdtrain.tuning.train_fn import TrainFn, built_in, describe, fit_trial
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 
 def run_inprocess(space: dict[str, Param], base: TrainConfig, settings: TuneSettings,

@@ -24,12 +24,12 @@ from hvdtrain.launcher.horovodrun import horovodrun, remove_quietly, worker_env
 from hvdtrain.tracking.study_run import StudyRun
 from hvdtrain.train.lr_schedule import scaled_lr
 from hvdtrain.tuning.devices import trial_gpus, visible_gpus, workers_per_host
-from hvdtrain.tuning.report import Progress
-from hvdtrain.tuning.settings import TuneSettings
-from hvdtrain.tuning.slurm import srun_command, step_env
 from hvdtrain.tuning.space import Param, trial_config
+from hvdtrain.tuning.srun_trials import srun_command, step_env
 from hvdtrain.tuning.study import Study, stop_leftover_job
+from hvdtrain.tuning.study_report import Progress
 from hvdtrain.tuning.train_fn import trial_program, worker_import_path
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 POLL_S = 0.2
 STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGUSR1)   # a worker's exit after a stop signal and its checkpoint
@@ -58,7 +58,7 @@ class Job:
 def job_command(config_file: Path, settings: TuneSettings) -> list[str]:
     """The trial's launch command: `horovodrun -np M -H HOSTS --gloo ... python -m hvdtrain --config FILE`
     (with a train_fn, its worker program: train_fn.trial_program), or with --launcher srun a job step of this
-    Slurm allocation (hvdtrain/tuning/slurm.py)."""
+    Slurm allocation (hvdtrain/tuning/srun_trials.py)."""
     if settings.launcher == "srun":
         return srun_command(config_file, settings)
     hosts = settings.hosts or f"localhost:{settings.np}"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from hvdtrain.errors import UserError
-from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import Param
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 JOURNAL = "study.journal"
 LOCK = "tune.lock"

@@ -187,7 +187,7 @@ def test_sbatch_recipe_with_horovodrun_over_ssh_on_both_hosts(slurm2, tmp_path, 
 
 def test_srun_with_no_mpi_trains_over_gloo_on_both_hosts(slurm2, tmp_path, uninterrupted):
     """`srun --mpi=none python -m hvdtrain`: no MPI, no horovodrun; hvdtrain sets Horovod's Gloo variables from
-    SLURM_* and rank 0 serves the rendezvous on the first node (hvdtrain/cluster/slurm_gloo.py)."""
+    SLURM_* and rank 0 serves the rendezvous on the first node (hvdtrain/cluster/slurm_gloo_env.py)."""
     cluster, _ = slurm2
     (tmp_path / "where").mkdir()
     started = time.monotonic()

@@ -18,7 +18,7 @@ from spark_support import SPARK_ENV, local_session, needs_java
 from worker_fns import _raise_on_rank_1
 
 import hvdtrain
-import hvdtrain.spark.runner
+import hvdtrain.spark.spark_fit
 from hvdtrain.errors import LaunchError, WorkerError
 
 
@@ -33,14 +33,14 @@ def spark():
     ("local", 1, 1), ("local[4]", 1, 4), ("local[4]", 2, 2), ("local[*]", 1, 8), ("local[3, 2]", 1, 3),
     ("local-cluster[2, 3, 1024]", 1, 6), ("spark://head:7077", 1, None), ("yarn", 1, None)])
 def test_local_slots(master, task_cpus, slots):
-    assert hvdtrain.spark.runner.local_slots(master, task_cpus, cpu_count=8) == slots
+    assert hvdtrain.spark.spark_fit.local_slots(master, task_cpus, cpu_count=8) == slots
 
 
 def test_spark_config_makes_run_dir_absolute_and_threads_the_task_cpus(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    config = hvdtrain.spark.runner._spark_config(hvdtrain.load_config(run_dir="runs"), task_cpus=3)
+    config = hvdtrain.spark.spark_fit._spark_config(hvdtrain.load_config(run_dir="runs"), task_cpus=3)
     assert config.run_dir == str(tmp_path / "runs") and config.threads == 3
-    config = hvdtrain.spark.runner._spark_config(hvdtrain.load_config(run_dir="", threads=2), task_cpus=3)
+    config = hvdtrain.spark.spark_fit._spark_config(hvdtrain.load_config(run_dir="", threads=2), task_cpus=3)
     assert config.run_dir == "" and config.threads == 2
 
 

@@ -1,5 +1,5 @@
 """Tier 3: Horovod's own collectives on bfloat16 tensors, 2 real workers under Gloo and MPI (hvdtrain's patched
-Horovod: scripts/horovod/patches, 0007). The rank script tests/ranks/bf16_collectives.py checks each against float32."""
+Horovod: scripts/horovod_bf16.py). The rank script (tests/ranks/bf16_collectives.py) checks each against float32."""
 from __future__ import annotations
 
 import pytest

@@ -57,7 +57,7 @@ def test_a_secrets_file_planted_in_tmp_by_another_user_stops_no_launch():
         # Another unprivileged user writes its own secrets file there (launch() does, for its key).
         victim = as_user(VICTIM, "import os, sys, tempfile\n"
                                  "from pathlib import Path\n"
-                                 "from hvdtrain.launcher.secrets import write_secrets_file\n"
+                                 "from hvdtrain.environment.secrets_file import write_secrets_file\n"
                                  "path = write_secrets_file({'HF_TOKEN': 'x'}, Path(tempfile.gettempdir()))\n"
                                  "print(oct(path.stat().st_mode & 0o777)); os.unlink(path)",
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -12,11 +12,11 @@ from conftest import ROOT, horovodrun, show
 from safetensors.torch import save_file
 from user_models import WideMLP  # noqa: E402
 
+from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.data.datasets import build_data
 from hvdtrain.models.builtin import build_model
 from hvdtrain.models.recipe import describe
-from hvdtrain.train import checkpoint
 from hvdtrain.train.evaluation import interleave
 
 # 2002 samples, half held out: 1001 predictions, shards of 334/334/333 over 3 ranks.

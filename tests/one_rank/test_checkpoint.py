@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
+from hvdtrain.checkpoint import format as checkpoint
+from hvdtrain.checkpoint.rng_state import rng_state, set_rng_state
 from hvdtrain.data.sharding import ShardSampler
 from hvdtrain.errors import UserError
-from hvdtrain.train import checkpoint
 
 
 @pytest.mark.parametrize("n, size", [(10, 1), (10, 3), (1001, 2), (7, 4)])
@@ -167,9 +168,9 @@ def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
     torch.manual_seed(3)
     random.seed(3)
     np.random.seed(3)
-    checkpoint.save(tmp_path, 1, {"rng": [checkpoint.rng_state()]}, keep=1)
+    checkpoint.save(tmp_path, 1, {"rng": [rng_state()]}, keep=1)
     expected = (torch.rand(3), random.random(), np.random.rand())
-    checkpoint.set_rng_state(checkpoint.load(tmp_path / "ckpt-000000001.pt")["rng"][0])
+    set_rng_state(checkpoint.load(tmp_path / "ckpt-000000001.pt")["rng"][0])
     assert torch.equal(torch.rand(3), expected[0])
     assert random.random() == expected[1] and np.random.rand() == expected[2]
 

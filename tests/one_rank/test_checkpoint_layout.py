@@ -1,5 +1,5 @@
 """Tier 2: the checkpoint file format did not change when the Checkpointer began saving stateful components
-generically (train/stateful.py): a file written before that resumes with every component restored, a file
+generically (checkpoint/stateful.py): a file written before that resumes with every component restored, a file
 written now holds exactly the keys and structure the old code wrote (so the old code reads it too), and a
 payload built by hand from the documented keys alone resumes exactly."""
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.models.builtin import build_model
 from hvdtrain.output.plain_weights import plain_state_dict
-from hvdtrain.train import checkpoint
 from hvdtrain.train.trainer import Trainer, fit
 
 # Written by hvdtrain 1ac75a8 (the hand-built payload, before stateful components) with SMALL and max_steps=9:

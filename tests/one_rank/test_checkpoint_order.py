@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config
 from hvdtrain.errors import UserError
-from hvdtrain.train import checkpoint
 from hvdtrain.train.trainer import fit
 
 # 32 samples x 0.75 for training, batch 4: 6 steps an epoch, milliseconds each.

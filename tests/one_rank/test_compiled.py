@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train import checkpoint
-from hvdtrain.train.finished_run import read
 from hvdtrain.train.trainer import Trainer, fit
+from hvdtrain.trained.finished_run import read
 
 SMALL = dict(dataset="synthetic", synthetic_samples=640, synthetic_shape=(1, 8, 8), model="mlp", hidden=32,
              lr=0.05, warmup_epochs=0, max_steps=12, batch_size=32, threads=1, tensorboard=False,

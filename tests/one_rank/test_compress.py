@@ -16,15 +16,15 @@ from conftest import ROOT, show
 from torch import nn
 
 import hvdtrain
+from hvdtrain.compression.comparison_report import table as report_table
 from hvdtrain.compression.distill import DistillLoss
 from hvdtrain.compression.export import load_exported
 from hvdtrain.compression.measure import count_params
 from hvdtrain.compression.prune import prune_channels
 from hvdtrain.compression.quantize import quantize_int8
-from hvdtrain.compression.report import table as report_table
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train import finished_run
+from hvdtrain.trained import finished_run
 
 PLUGINS = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"),
                                                        os.environ.get("PYTHONPATH")]))}

@@ -15,7 +15,8 @@ import torch
 from hvdtrain.config.train_config import FIELD_TYPES, load_config
 from hvdtrain.data.datasets import build_data
 from hvdtrain.data.sharding import step_samples, steps_per_epoch
-from hvdtrain.distributed import runtime, settings
+from hvdtrain.distributed import horovod_settings as settings
+from hvdtrain.distributed import runtime
 from hvdtrain.errors import ConfigError, UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.train.early_stopping import improved, patience_exhausted
@@ -187,7 +188,7 @@ def test_an_elastic_reset_keeps_counting_steps_of_accumulated_micro_batches(one_
     trainer = Trainer(build_model(config, (1, 8, 8), 10), data.train, data.val, config=config)
     before = trainer.steps_per_epoch
     assert before == steps_per_epoch(len(data.train), 1, config.batch_size, accumulate=4)
-    trainer.driver.hooks.resize(runtime.world())  # what an elastic reset does after workers join or leave
+    trainer.loop_runner.hooks.resize(runtime.world())  # what an elastic reset does after workers join or leave
     assert trainer.steps_per_epoch == before
 
 

@@ -5,8 +5,8 @@ import json
 
 import torch
 
+from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config
-from hvdtrain.train import checkpoint
 from hvdtrain.train.trainer import fit
 
 # 24 training samples, batch 4: 6 steps an epoch.

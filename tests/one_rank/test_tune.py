@@ -19,11 +19,11 @@ import hvdtrain
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.errors import ConfigError, UserError
 from hvdtrain.tuning.job_runner import job_command
-from hvdtrain.tuning.report import results_table, write_best, write_plots
-from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.space import check_against, load_space, parse_space, trial_config
 from hvdtrain.tuning.study import open_study, write_trials_json
+from hvdtrain.tuning.study_report import results_table, write_best, write_plots
 from hvdtrain.tuning.train_fn import reference_of
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 SPACE = {"lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True},
          "batch_size": {"type": "categorical", "choices": [16, 32, 64]},
@@ -183,7 +183,7 @@ def test_cli_needs_a_space(tmp_path):
 
 def test_the_python_api_is_hvdtrain_tune_and_loads_lazily():
     code = ("import sys, hvdtrain; assert 'optuna' not in sys.modules and 'torch' not in sys.modules; "
-            "from hvdtrain.tuning.api import tune; assert hvdtrain.tune is tune; "
+            "from hvdtrain.tuning.tune_api import tune; assert hvdtrain.tune is tune; "
             "import hvdtrain.tuning.space; assert hvdtrain.tune is tune; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))

@@ -9,7 +9,7 @@ import time
 
 from conftest import ROOT, kill_tree
 
-from hvdtrain.launcher.secrets import SECRETS_FILE_ENV
+from hvdtrain.environment.secrets_file import SECRETS_FILE_ENV
 
 
 def test_a_hangup_of_hvdtrain_tune_stops_its_trial_and_removes_the_secrets_file(tmp_path):

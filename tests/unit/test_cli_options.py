@@ -12,12 +12,12 @@ from conftest import ROOT
 from hvdtrain.cli import compress, hosts, predict, spark, tune
 from hvdtrain.cli.args import Parser
 from hvdtrain.cli.main import SUBCOMMANDS, main
-from hvdtrain.cli.options import add_options, flags, values
-from hvdtrain.compression.options import CompressOptions
+from hvdtrain.cli.option_flags import add_options, flags, values
+from hvdtrain.compression.compress_options import CompressOptions
 from hvdtrain.config.fields import option
 from hvdtrain.errors import UserError
 from hvdtrain.train.run_start import report_crash
-from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 # (options dataclass, the subcommand parser its flags live in, fields the CLI leaves to the Python API)
 DECLARED = [

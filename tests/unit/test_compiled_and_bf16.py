@@ -14,7 +14,7 @@ from hvdtrain.errors import ConfigError
 from hvdtrain.models.compiled import compile_model, is_compiled, regions
 from hvdtrain.models.zoo import resnet18
 from hvdtrain.output.plain_weights import load_plain_state, plain, plain_state_dict
-from hvdtrain.output.run_dir import write_weights
+from hvdtrain.output.run_log import write_weights
 from hvdtrain.train.evaluation import param_digest
 
 

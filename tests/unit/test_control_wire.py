@@ -3,6 +3,7 @@ everything else (forged, replayed, truncated, garbage, oversized, wrong key, wro
 is counted and dropped, on real sockets as well as in memory."""
 from __future__ import annotations
 
+import ast
 import doctest
 import hashlib
 import hmac
@@ -10,11 +11,12 @@ import os
 import socket
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
 import hvdtrain.distributed.control_wire as wire
-from hvdtrain.launcher import secrets as launcher_secrets
+from hvdtrain.environment import credentials, secrets_file
 
 KEY = b"k" * 64
 
@@ -25,8 +27,26 @@ def test_docstring_examples_are_true():
 
 
 def test_the_key_is_a_credential_and_the_secrets_file_variable_is_the_launchers():
-    assert launcher_secrets.is_credential(wire.CONTROL_KEY_ENV)
-    assert wire.SECRETS_FILE_ENV == launcher_secrets.SECRETS_FILE_ENV
+    assert credentials.is_credential(wire.CONTROL_KEY_ENV)
+
+
+def test_the_key_comes_from_the_secrets_file_through_its_one_parser(tmp_path):
+    """The file a launcher writes (environment/secrets_file.py), read back by that module's parser: a comment or a
+    blank line is no key line, and a file that is not the format gives no key (loading it says why)."""
+    path = secrets_file.write_secrets_file({"HF_TOKEN": "hf_x", wire.CONTROL_KEY_ENV: "ab12"}, tmp_path)
+    path.write_text(f"# {wire.CONTROL_KEY_ENV}=old\n\n" + path.read_text())
+    assert wire.key_from_env({secrets_file.SECRETS_FILE_ENV: str(path)}) == b"ab12"
+    path.write_text(f"{wire.CONTROL_KEY_ENV}=ab12\nnot a line\n")
+    assert wire.key_from_env({secrets_file.SECRETS_FILE_ENV: str(path)}) is None
+    assert wire.key_from_env({secrets_file.SECRETS_FILE_ENV: str(tmp_path / "gone.env")}) is None
+
+
+def test_the_secrets_file_variable_is_defined_once():
+    package = Path(wire.__file__).resolve().parents[1]
+    defined = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Assign)
+               and any(isinstance(t, ast.Name) and t.id == "SECRETS_FILE_ENV" for t in node.targets)]
+    assert defined == ["environment/secrets_file.py"]
 
 
 def test_a_sealed_datagram_opens_once_and_only_on_its_channel():

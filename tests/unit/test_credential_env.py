@@ -9,17 +9,10 @@ import sys
 
 import pytest
 
+from hvdtrain.environment.credentials import is_credential, leak_warning, split_env
+from hvdtrain.environment.secrets_file import SECRETS_FILE_ENV, load_secrets_file, read_secrets_file, write_secrets_file
 from hvdtrain.errors import LaunchError, UserError
 from hvdtrain.launcher.horovodrun import worker_env
-from hvdtrain.launcher.secrets import (
-    SECRETS_FILE_ENV,
-    is_credential,
-    leak_warning,
-    load_secrets_file,
-    read_secrets_file,
-    split_env,
-    write_secrets_file,
-)
 
 CREDENTIALS = ["HF_TOKEN", "GITHUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                "AWS_SESSION_ID", "DB_PASSWORD", "PGPASSWORD", "ghtoken", "MY_SECRET", "GOOGLE_APPLICATION_CREDENTIALS",

@@ -8,8 +8,7 @@ import stat
 import pytest
 
 from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.environment.credentials import looks_secret, redact
-from hvdtrain.launcher.secrets import is_credential, leak_warning, split_env
+from hvdtrain.environment.credentials import is_credential, leak_warning, looks_secret, redact, split_env
 from hvdtrain.output.files import atomic_write, write_text
 from hvdtrain.tracking import context
 

@@ -7,14 +7,15 @@ from typing import Any
 import pytest
 import torch
 
+from hvdtrain.checkpoint import format as checkpoint
+from hvdtrain.checkpoint.rng_state import RandomState
+from hvdtrain.checkpoint.stateful import TrainingState
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.environment.process import Process
 from hvdtrain.output.run_directory import RunDirectory, RunDirSettings, Verdict
-from hvdtrain.train import checkpoint, elastic
-from hvdtrain.train.elastic import ElasticRun, ElasticSettings, LoopHooks
+from hvdtrain.train import loop_run as elastic
+from hvdtrain.train.loop_run import ElasticRun, ElasticSettings, LoopHooks
 from hvdtrain.train.progress import MetricSums, Progress
-from hvdtrain.train.random_state import RandomState
-from hvdtrain.train.stateful import TrainingState
 
 
 class FakeLoop:

@@ -88,7 +88,7 @@ def test_a_store_filesystem_that_fails_without_a_message_is_one_line(monkeypatch
 def test_a_checkpoint_torch_cannot_load_without_a_message_is_one_line(monkeypatch, tmp_path):
     import torch
 
-    from hvdtrain.train import checkpoint
+    from hvdtrain.checkpoint import format as checkpoint
 
     bad = tmp_path / "ckpt-000000001.pt"
     bad.write_bytes(b"not a checkpoint")

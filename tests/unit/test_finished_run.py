@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train import checkpoint, finished_run
+from hvdtrain.trained import finished_run
 
 
 @pytest.fixture

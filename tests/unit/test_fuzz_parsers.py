@@ -6,7 +6,7 @@ The CLI turns such a UserError into `hvdtrain: error: ...` and exit 2; a few fix
 interesting check that end to end.
 
 Tests hvdtrain/cluster/hostfile.py, cluster/allocations.py, config/train_config.py, cli/args.py,
-train/checkpoint.py and tuning/space.py.
+checkpoint/format.py and tuning/space.py.
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from conftest import ROOT
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.cli.train import parser as train_parser
 from hvdtrain.cluster.allocations import from_env
 from hvdtrain.cluster.hostfile import HOST_NAME, Host, parse_hostfile
 from hvdtrain.config.train_config import FIELD_TYPES, TrainConfig, load_config
 from hvdtrain.errors import UserError
-from hvdtrain.train import checkpoint
 from hvdtrain.tuning.space import NOT_TUNABLE, TYPES, Param, load_space, parse_space
 
 # derandomize: the same examples on every run, so CI is reproducible; deadline off on a loaded machine.

@@ -2,7 +2,7 @@
 the real sources is in test_horovod_patches.py, with the rest of the series)."""
 from __future__ import annotations
 
-from hvdtrain.distributed import settings
+from hvdtrain.distributed import horovod_settings as settings
 
 
 def test_the_idle_wait_is_asked_for_gloo_ops_only_and_never_over_the_users_value():

@@ -13,6 +13,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
+from hvdtrain.environment.secrets_file import write_secrets_file
 from hvdtrain.errors import LaunchError
 from hvdtrain.launcher import job_store
 from hvdtrain.launcher.job_store import JOB_PATH, JobStore, bytes_of_pickle
@@ -29,7 +30,6 @@ from hvdtrain.launcher.sealed import (
     seal,
     unseal,
 )
-from hvdtrain.launcher.secrets import write_secrets_file
 
 
 class Planted:

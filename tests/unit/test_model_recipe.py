@@ -14,13 +14,14 @@ from conftest import ROOT, show
 from torch import nn
 from user_models import TinyEncoder, TwoHeads, WideMLP  # noqa: E402
 
+from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config, to_yaml
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.errors import UserError
 from hvdtrain.models import recipe
 from hvdtrain.models.builtin import build_model, recipe_for
 from hvdtrain.output.run_directory import RunDirectory, RunDirSettings
-from hvdtrain.train import checkpoint, finished_run
+from hvdtrain.trained import finished_run
 
 
 class KeepsAModule(nn.Module):

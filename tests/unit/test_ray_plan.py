@@ -5,15 +5,15 @@ import doctest
 
 import pytest
 
-import hvdtrain.ray.elastic
+import hvdtrain.ray.ray_elastic
 import hvdtrain.ray.worker
-from hvdtrain.ray.elastic import node_slots, slot_env
+from hvdtrain.ray.ray_elastic import node_slots, slot_env
 from hvdtrain.ray.worker import first_gpus, horovod_env, iface_of, plan, visible_devices
 
 
 def test_doctests():
     assert doctest.testmod(hvdtrain.ray.worker).failed == 0
-    assert doctest.testmod(hvdtrain.ray.elastic).failed == 0
+    assert doctest.testmod(hvdtrain.ray.ray_elastic).failed == 0
 
 
 def test_elastic_slots_count_every_resource_a_worker_needs_and_skip_dead_or_full_nodes():

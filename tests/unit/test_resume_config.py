@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvdtrain.train.resume import config_conflict, restore_hyperparameters
+from hvdtrain.checkpoint.resume import config_conflict, restore_hyperparameters
 
 SAVED = {"dataset": "digits", "seed": 42, "val_fraction": 0.2, "monitor": "", "batch_size": 32, "accumulate": 1,
          "lr": 0.01, "momentum": 0.9, "epochs": 3, "name": "run"}

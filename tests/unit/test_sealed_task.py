@@ -16,11 +16,11 @@ from pathlib import Path
 
 import cloudpickle
 
+from hvdtrain.environment.secrets_file import write_secrets_file
 from hvdtrain.launcher.guard import Guarded
 from hvdtrain.launcher.job_store import RAW_JOB_PATH, JobStore
 from hvdtrain.launcher.local import codec_body
 from hvdtrain.launcher.sealed import KEY_VAR, SealedJob, new_key, seal
-from hvdtrain.launcher.secrets import write_secrets_file
 
 ENTRY = Path(sys.executable).parent / "hvdtrain-sealed-task"
 

@@ -1,10 +1,10 @@
-"""Horovod's Gloo variables from an srun step's SLURM_* (cluster/slurm_gloo.py): pure functions, no Slurm.
+"""Horovod's Gloo variables from an srun step's SLURM_* (cluster/slurm_gloo_env.py): pure functions, no Slurm.
 The real srun run is tests/cluster/test_slurm_hosts.py."""
 from __future__ import annotations
 
 import pytest
 
-from hvdtrain.cluster.slurm_gloo import applies, gloo_env, rendezvous_port, slots
+from hvdtrain.cluster.slurm_gloo_env import applies, gloo_env, rendezvous_port, slots
 from hvdtrain.errors import HostsError
 
 # Task 3 of `srun -N2 -n5` (block): node n1 runs ranks 0-2, node n2 ranks 3-4.

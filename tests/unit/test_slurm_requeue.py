@@ -1,4 +1,4 @@
-"""Slurm's requeue defaults (cluster/slurm.py), the stop signals (train/signals.py) and launch's grace option,
+"""Slurm's requeue defaults (cluster/slurm_requeue.py), the stop signals (train/signals.py) and launch's grace option,
 without Slurm or Horovod."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from hvdtrain.cli.launch import _own_options
 from hvdtrain.cli.train import _config
-from hvdtrain.cluster.slurm import requeue_defaults, run_name
+from hvdtrain.cluster.slurm_requeue import requeue_defaults, run_name
 from hvdtrain.errors import UserError
 from hvdtrain.train.signals import StopRequest, agreed_signal, stop_flags
 

@@ -1,13 +1,13 @@
-"""Tier 1: the stateful components' own states (train/stateful.py), without Horovod or a Trainer."""
+"""Tier 1: the stateful components' own states (checkpoint/stateful.py), without Horovod or a Trainer."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from hvdtrain.train import checkpoint
+from hvdtrain.checkpoint import rng_state
+from hvdtrain.checkpoint.rng_state import RandomState
 from hvdtrain.train.progress import MetricSums, Progress
-from hvdtrain.train.random_state import RandomState
 
 
 def test_progress_saves_every_field_but_the_sums_and_keeps_defaults_an_older_file_lacks():
@@ -34,7 +34,7 @@ def test_metric_sums_of_another_world_count_once_on_rank_0():
 
 def test_random_state_saves_the_loader_as_marked_and_leaves_it_alone_from_another_world():
     loader = torch.Generator().manual_seed(7)
-    with checkpoint.rng_preserved():
+    with rng_state.rng_preserved():
         random_state = RandomState(loader)
         marked = loader.get_state()
         torch.randint(10, (5,), generator=loader)            # an epoch's iter() draws its workers' seed
@@ -42,8 +42,8 @@ def test_random_state_saves_the_loader_as_marked_and_leaves_it_alone_from_anothe
         random_state.mark()
         assert torch.equal(random_state.state_dict()["loader"], loader.get_state())
         moved = loader.get_state()
-        RandomState(loader).load_resized([random_state.state_dict()] * 2 + [checkpoint.rng_state(marked)], rank=2)
+        RandomState(loader).load_resized([random_state.state_dict()] * 2 + [rng_state.rng_state(marked)], rank=2)
         assert torch.equal(loader.get_state(), moved)        # another world's loader streams are not this rank's
-        RandomState(loader).load_state_dict(checkpoint.rng_state(marked))
+        RandomState(loader).load_state_dict(rng_state.rng_state(marked))
         assert torch.equal(loader.get_state(), marked)
     assert "loader" not in RandomState().state_dict()

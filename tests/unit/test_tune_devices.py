@@ -73,9 +73,9 @@ class FakeJob:
 @pytest.mark.parametrize("device, expected", [("auto", {"0,1", "2,3"}), ("cpu", {None})])
 def test_the_job_runner_hands_each_running_trial_its_own_slice(tmp_path, monkeypatch, device, expected):
     pytest.importorskip("optuna")
-    from hvdtrain.tuning.settings import TuneSettings
     from hvdtrain.tuning.space import parse_space
     from hvdtrain.tuning.study import open_study
+    from hvdtrain.tuning.tune_settings import TuneSettings
 
     FakeJob.seen, FakeJob.live = [], 0
     monkeypatch.setattr(job_runner.subprocess, "Popen", FakeJob)

@@ -11,10 +11,10 @@ import pytest
 
 from hvdtrain.errors import ConfigError
 from hvdtrain.tuning.job_runner import error_line, job_command, job_env
-from hvdtrain.tuning.settings import TuneSettings
-from hvdtrain.tuning.slurm import in_allocation, srun_command, step_env
 from hvdtrain.tuning.space import parse_space
+from hvdtrain.tuning.srun_trials import in_allocation, srun_command, step_env
 from hvdtrain.tuning.study import open_study
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 SPACE = parse_space({"lr": {"type": "float", "low": 0.001, "high": 0.5, "log": True},
                      "batch_size": {"type": "categorical", "choices": [16, 32, 64]}})

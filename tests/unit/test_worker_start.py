@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hvdtrain.cli.launch import with_worker_start, worker_command
-from hvdtrain.launcher.secrets import SECRETS_FILE_ENV, write_secrets_file
+from hvdtrain.environment.secrets_file import SECRETS_FILE_ENV, write_secrets_file
 from hvdtrain.launcher.worker_start import (
     MODULE,
     command_prefix,

@@ -1,23 +1,21 @@
-"""Checkpoints: written atomically by rank 0, read back with torch.load(weights_only=True).
+"""The checkpoint file format: files written atomically by rank 0, named by step (and branch), read back with
+torch.load(weights_only=True), the newest that loads found among damaged ones.
 
-A checkpoint holds only tensors and plain Python values, so loading one cannot run code.
+A checkpoint holds only tensors and plain Python values, so loading one cannot run code. What goes in it is the
+manager's (checkpoint/manager.py); the random streams' part is checkpoint/rng_state.py's.
 """
 from __future__ import annotations
 
 import errno
 import io
 import os
-import random
 import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from hvdtrain.errors import UserError, first_line
@@ -59,32 +57,6 @@ class _WatchedFile(io.FileIO):
 
 def checkpoint_dir(run_path: str | Path) -> Path:
     return Path(run_path) / "checkpoints"
-
-
-def rng_state(loader: torch.Tensor | None = None) -> dict[str, Any]:
-    """This process's random number generators, as tensors and plain values; with `loader`, the state of
-    the training loader's generator (it draws its workers' seeds each epoch) to restore on resume."""
-    _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    assert not isinstance(keys, str)  # the legacy form is a tuple with an array of keys
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                             "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
-    if torch.cuda.is_initialized():    # only a process that used CUDA has its RNG (--device cpu never starts it)
-        state["cuda"] = torch.cuda.get_rng_state()
-    if loader is not None:
-        state["loader"] = loader
-    return state
-
-
-def set_rng_state(state: dict[str, Any], loader: torch.Generator | None = None) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_initialized():
-        torch.cuda.set_rng_state(state["cuda"])
-    if loader is not None and "loader" in state:
-        loader.set_state(state["loader"])
 
 
 def file_name(step: int, branch: int = 0) -> str:
@@ -249,16 +221,6 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | 
     if not (isinstance(payload, dict) and payload and all(isinstance(v, torch.Tensor) for v in payload.values())):
         raise UserError(f"{path} holds neither an hvdtrain checkpoint nor a model's state dict")
     return payload, None
-
-
-@contextmanager
-def rng_preserved() -> Iterator[None]:
-    """Run something (e.g. a probe step) without moving this process's random number generators."""
-    saved = rng_state()
-    try:
-        yield
-    finally:
-        set_rng_state(saved)
 
 
 def find_latest(directory: Path) -> tuple[dict[str, Any] | None, Path | None, list[str]]:

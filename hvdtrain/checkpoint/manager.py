@@ -1,25 +1,24 @@
-"""The checkpointer: when a checkpoint is due, writing the stateful components it is handed under their file keys
-(train/stateful.py; the keys are the file format, unchanged), and reading one on rank 0 to resume. Built from its own
-settings section of the config."""
+"""The checkpoint manager (the Trainer's checkpointer): when a checkpoint is due, writing the stateful components it
+is handed under their file keys (checkpoint/stateful.py; the keys are the file format, unchanged), and reading one
+on rank 0 to resume. Built from its own settings section of the config."""
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from hvdtrain.checkpoint import format as checkpoint
+from hvdtrain.checkpoint.resume import apply_resume, read_on_root
+from hvdtrain.checkpoint.stateful import Stateful, TrainingState
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.fingerprint import fingerprint
 from hvdtrain.data.shard_source import Resplits
 from hvdtrain.distributed import collectives, runtime
 from hvdtrain.output.plain_weights import PlainWeights
 from hvdtrain.output.run_directory import RunDirectory
-from hvdtrain.train import checkpoint
-from hvdtrain.train.progress import Progress
-from hvdtrain.train.resume import apply_resume, read_on_root
-from hvdtrain.train.stateful import Stateful, TrainingState
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,14 @@ class CheckpointSettings:
                    config.checkpoint_on_stop, config.resume, config.resume_changed_data, config.to_dict())
 
 
+class EpochPosition(Protocol):
+    """Where the epoch stands, as resuming needs it: the Trainer's Progress (train/progress.py), named by what
+    this package reads of it, since the checkpoint package sits below train/."""
+
+    position: int           # samples of this epoch's order processed by all ranks together
+    resplits: Resplits      # how the epoch's rest was re-split where the workers changed
+
+
 class Checkpointer:
     """Args:
         settings: CheckpointSettings.of(config).
@@ -49,7 +56,7 @@ class Checkpointer:
         data: (train, held-out) data, fingerprinted where a checkpoint is written or read.
 
     Everything else a checkpoint holds comes from the components handed to each save and resume (a
-    TrainingState, train/stateful.py): saved under their names, restored by name; this class knows none of them.
+    TrainingState, checkpoint/stateful.py): saved under their names, restored by name; this class knows none of them.
     """
 
     def __init__(self, settings: CheckpointSettings, run: RunDirectory, model: torch.nn.Module, optimizer: Any,
@@ -76,7 +83,7 @@ class Checkpointer:
         return read_on_root(self.settings.resume, self.settings.record, self.settings.changed_data, run_path,
                             self.weights, self.data_fingerprint)
 
-    def adopt(self, found: dict[str, Any] | None, state: TrainingState, p: Progress, world: runtime.World,
+    def adopt(self, found: dict[str, Any] | None, state: TrainingState, p: EpochPosition, world: runtime.World,
               resplit: Callable[[Resplits, int, int], Resplits]) -> str | None:
         """Every rank: its share of what rank 0 read, loaded into `state`'s components; the epoch's rest re-split
         by the shard source (`resplit`) where the workers changed; the line to show."""

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import TrainConfig, load_config
 from hvdtrain.data.datasets import Data, build_data, input_shape
 from hvdtrain.errors import UserError, first_line
 from hvdtrain.models import recipe
 from hvdtrain.models.builtin import build_model
 from hvdtrain.output.plain_weights import load_plain_state
-from hvdtrain.train import checkpoint
 
 
 @dataclass

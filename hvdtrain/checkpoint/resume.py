@@ -7,11 +7,11 @@ from typing import Any, cast
 
 import torch
 
+from hvdtrain.checkpoint import format as checkpoint
+from hvdtrain.checkpoint.stateful import Stateful, TrainingState
 from hvdtrain.data import fingerprint
 from hvdtrain.distributed import runtime
 from hvdtrain.errors import UserError, first_line
-from hvdtrain.train import checkpoint
-from hvdtrain.train.stateful import Stateful, TrainingState
 
 # What the data and its split are (every TrainConfig field that builds the data), and what `best` measures:
 # changed, the resumed run would train on other samples or targets (the held-out set among them) or compare the

@@ -1,4 +1,4 @@
-"""Joining a Gloo job that srun started, the acting half (cluster/slurm_gloo.py computes the variables, without
+"""Joining a Gloo job that srun started, the acting half (cluster/slurm_gloo_env.py computes the variables, without
 acting): rank 0 serves Horovod's rendezvous on the step's first node, every other task waits until it answers, then
 all set the variables Horovod's init() reads. Nothing happens outside such a step. Called once per process by
 train/run_start.py, before Horovod starts: for `python -m hvdtrain` and a script's Trainer alike."""
@@ -11,7 +11,7 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
-from hvdtrain.cluster.slurm_gloo import gloo_env
+from hvdtrain.cluster.slurm_gloo_env import gloo_env
 from hvdtrain.distributed import horovod_rendezvous
 from hvdtrain.environment.process import from_env
 from hvdtrain.errors import HostsError

@@ -15,14 +15,14 @@ from typing import Any
 from torch import nn
 
 from hvdtrain.compression import distill, prune, quantize, tracked
-from hvdtrain.compression.options import TRAINED, CompressOptions
+from hvdtrain.compression.compress_options import TRAINED, CompressOptions
 from hvdtrain.compression.outcome import Outcome
 from hvdtrain.compression.results import measure_and_write
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.environment import process
 from hvdtrain.errors import UserError
-from hvdtrain.train import finished_run
-from hvdtrain.train.finished_run import FinishedRun
+from hvdtrain.trained import finished_run
+from hvdtrain.trained.finished_run import FinishedRun
 
 
 def plan_out(source: Path, methods: tuple[str, ...], out: str) -> Path:

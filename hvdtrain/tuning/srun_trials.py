@@ -12,10 +12,10 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from hvdtrain.cluster.slurm import run_name
+from hvdtrain.cluster.slurm_requeue import run_name
 from hvdtrain.errors import ConfigError
-from hvdtrain.tuning.settings import TuneSettings
 from hvdtrain.tuning.train_fn import trial_program
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 
 def in_allocation(settings: TuneSettings, env: Mapping[str, str]) -> TuneSettings:

@@ -136,7 +136,7 @@ def gloo_defaults(env: Mapping[str, str]) -> dict[str, str]:
 # negotiating every cycle: those idle rounds (forward pass, optimizer step, data loading) were ~60% of the
 # background thread's CPU in a profile; skipping them took Horovod's and Gloo's threads from 9.2 to 3.8-4.2 ms
 # of CPU per CNN step and 11.8-19.7 to 6.7-7.8 on the transformer (benchmarks/results/2026-12-06-b-idle-cycles).
-# Read only by a Horovod built with hvdtrain's patch (scripts/horovod_perf.py); others ignore it. Not for MPI
+# Read only by a Horovod built with hvdtrain's patch (scripts/horovod/patches, 0008); others ignore it. Not for MPI
 # ops: a peer already in the round would poll Open MPI for that long.
 IDLE_CYCLE_TIME_MS = "50"
 

@@ -3,7 +3,7 @@
 As torchtitan's CheckpointManager saves every `Stateful` it is handed: each component turns its own state into
 plain values and tensors (`state_dict`; torch.load(weights_only=True) must read them back) and takes such a state
 back (`load_state_dict`). The checkpoint file keeps one key per component, under the names given here (the file
-format: train/checkpoint.py), so a name is never changed.
+format: checkpoint/format.py), so a name is never changed.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class RankStateful(Stateful, Protocol):
 class TrainingState:
     """Where training stands, by file key, in the order it is loaded: `shared` is the same on every rank (rank 0
     writes its own), `per_rank` is gathered from every rank. The model and the optimizer are not here: rank 0
-    loads them and Horovod broadcasts them (train/checkpointer.py)."""
+    loads them and Horovod broadcasts them (checkpoint/manager.py)."""
 
     shared: dict[str, Stateful]
     per_rank: dict[str, RankStateful]

@@ -1,5 +1,6 @@
-"""How the loop is run: in one go (LocalRun), or elastically (ElasticRun: horovodrun --min-np/--max-np, Gloo),
-with everything elastic training adds to the loop in one place.
+"""How the loop is run, one concept in one home: in one go on a fixed set of workers (LocalRun), or elastically
+(ElasticRun: horovodrun --min-np/--max-np, Gloo), with everything elastic training adds to the loop in one place.
+Both read one settings section (ElasticSettings) and call the loop through the same hooks (LoopHooks).
 
 A component, as torchtitan's fault tolerance is: the Trainer picks one, hands it the model, the optimizer and
 `LoopHooks` (a few of its own methods) and calls `run` (instead of training directly), `commit` and `watching`.
@@ -17,15 +18,15 @@ from typing import Any
 
 import torch
 
+from hvdtrain.checkpoint import format as checkpoint
+from hvdtrain.checkpoint.manager import Checkpointer
+from hvdtrain.checkpoint.stateful import TrainingState
 from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.distributed import collectives, driver_heartbeat, elastic_state, peer_watch, runtime
 from hvdtrain.errors import UserError
 from hvdtrain.output.console import console
 from hvdtrain.output.run_directory import RunDirectory, Verdict
-from hvdtrain.train import checkpoint
-from hvdtrain.train.checkpointer import Checkpointer
 from hvdtrain.train.progress import Progress
-from hvdtrain.train.stateful import TrainingState
 
 # Set by `hvdtrain launch` to its --start-timeout: how long a job may wait below --min-np for hosts. Its
 # driver ends the job then (launcher/elastic_driver.py), so workers wait as long as the world can form.

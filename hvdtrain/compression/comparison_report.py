@@ -18,7 +18,7 @@ def table(report: dict[str, Any]) -> str:
     """The models side by side, one row each, then how latency was measured.
 
     Args:
-        report: as built by hvdtrain.compression.api.compress (its "models" and "latency" keys).
+        report: as built by hvdtrain.compression.compress_api.compress (its "models" and "latency" keys).
     Returns:
         Aligned text; every number in it was measured in this run.
     """

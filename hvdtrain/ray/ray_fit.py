@@ -17,10 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.environment.credentials import split_env
 from hvdtrain.environment.process import FIRST_GPU_ENV
 from hvdtrain.errors import LaunchError, UserError, WorkerError, first_line
 from hvdtrain.launcher.guard import Failure, Guarded, check_picklable, rank0_result, target, worker_pythonpath
-from hvdtrain.launcher.secrets import split_env
 from hvdtrain.ray.worker import (
     STRATEGIES,
     Rendezvous,
@@ -59,11 +59,11 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
         strategy: placement group strategy: SPREAD (nodes apart when possible), PACK, STRICT_PACK, STRICT_SPREAD.
         start_timeout: seconds for Ray to place all actors.
         all_ranks: return every rank's result as a list.
-        env: extra variables for the workers. Credential-like ones (launcher.secrets), here or in this
+        env: extra variables for the workers. Credential-like ones (environment/credentials.py), here or in this
             process's environment, travel inside the pickled job, never in Ray's runtime_env, job
             metadata or a command line.
         elastic: train elastically (also when the config says elastic): Horovod's elastic driver in this
-            process, the cluster's live nodes as its hosts (ray/elastic.py). A lost node's workers are
+            process, the cluster's live nodes as its hosts (ray/ray_elastic.py). A lost node's workers are
             dropped and the others go on from the last commit; nodes that join get workers again, up to
             max_workers. The workers must reach this process (not through Ray Client); CPU workers only.
         min_workers, max_workers: elastic: go on while at least min_workers remain (default 1); grow up to
@@ -106,7 +106,7 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any], *args: Any, num_workers:
     job = Guarded(fn, args, kwargs, secrets)
     try:
         if elastic:
-            from hvdtrain.ray import elastic as elastic_run
+            from hvdtrain.ray import ray_elastic as elastic_run
 
             results = elastic_run.run(ray, job, num_workers, min_workers, max_workers, resources, start_timeout,
                                       worker_env)

@@ -12,7 +12,7 @@ from typing import Any
 from hvdtrain.config.train_config import to_yaml
 from hvdtrain.output.console import console
 from hvdtrain.output.files import write_text
-from hvdtrain.tuning.settings import TuneSettings
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 
 def say(text: str) -> None:
@@ -130,7 +130,7 @@ def write_best(study: Any, settings: TuneSettings, run_dir: str) -> Path | None:
     complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     if not complete:
         return None
-    from hvdtrain.train import finished_run
+    from hvdtrain.trained import finished_run
 
     best = study.best_trial
     config = finished_run.read_config(best.user_attrs["run_dir"], run_dir=run_dir, name="", resume="")

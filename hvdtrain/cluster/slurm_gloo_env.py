@@ -3,7 +3,7 @@ would give each worker (horovod/runner/gloo_run.py), computed from the SLURM_* v
 
 srun sets every task's place (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_TASKS_PER_NODE,
 SLURM_STEP_NODELIST); Horovod's Gloo controller needs the same facts under its own names plus a rendezvous
-server every task can reach. Rank 0 serves it (train/slurm_gloo.py) on the step's first node, at a port
+server every task can reach. Rank 0 serves it (train/slurm_gloo_join.py) on the step's first node, at a port
 every task derives from the job and step ids alone, so no task has to talk to another first. Pure functions
 of the environment, tested without Slurm.
 

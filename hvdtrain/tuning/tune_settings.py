@@ -18,7 +18,7 @@ LAUNCHERS = ("horovodrun", "srun")
 
 @dataclass(frozen=True)
 class TuneSettings:
-    """How a study runs; every field is a flag of `hvdtrain tune` (hvdtrain/cli/options.py generates them)."""
+    """How a study runs; every field is a flag of `hvdtrain tune` (hvdtrain/cli/option_flags.py generates them)."""
     trials: int = option(help="finished trials (complete or pruned) the study should hold in all")
     dir: str = option("tune", "study folder: journal, trial run dirs, best.yaml, plots")
     mode: str = option("job", "job: a horovodrun job per trial; inprocess: trials inside this Horovod job",

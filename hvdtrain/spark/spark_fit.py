@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvdtrain.config.train_config import TrainConfig
+from hvdtrain.environment.credentials import split_env
 from hvdtrain.errors import LaunchError, UserError, WorkerError
 from hvdtrain.launcher.guard import (
     Guarded,
@@ -25,7 +26,6 @@ from hvdtrain.launcher.guard import (
     target,
     worker_pythonpath,
 )
-from hvdtrain.launcher.secrets import split_env
 from hvdtrain.train.device import threads_per_worker
 
 
@@ -155,7 +155,7 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any] | Any = None, *args: Any,
                              validation=validation, store=store, num_proc=num_proc, run_id=run_id,
                              partitions=partitions, row_group_mb=row_group_mb, loss_fn=loss_fn,
                              metrics=metrics, launch=launch, overrides=kwargs)
-    fn, args = target(config_or_fn, args, "hvdtrain.spark.runner.fit")
+    fn, args = target(config_or_fn, args, "hvdtrain.spark.spark_fit.fit")
     return _on_spark(fn, args, kwargs, num_proc, spark, all_ranks, start_timeout, network_interfaces, env)
 
 

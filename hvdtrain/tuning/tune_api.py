@@ -12,12 +12,12 @@ from hvdtrain.environment import process
 from hvdtrain.errors import ConfigError
 from hvdtrain.tracking.study_run import StudyRun
 from hvdtrain.tracking.study_run import start as start_study_run
-from hvdtrain.tuning.report import Progress, announce, results_table, say, write_best, write_plots
-from hvdtrain.tuning.settings import TuneSettings
-from hvdtrain.tuning.slurm import in_allocation
 from hvdtrain.tuning.space import Param, check_against, load_space, parse_space
+from hvdtrain.tuning.srun_trials import in_allocation
 from hvdtrain.tuning.study import Study, open_study, trial_summary, write_trials_json
+from hvdtrain.tuning.study_report import Progress, announce, results_table, say, write_best, write_plots
 from hvdtrain.tuning.train_fn import TrainFn, describe, for_job, reference_of, resolve
+from hvdtrain.tuning.tune_settings import TuneSettings
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def _close(tracked: StudyRun, settings: TuneSettings, result: TuneResult) -> Non
 def _inprocess(params: dict[str, Param], base: TrainConfig, settings: TuneSettings,
                train_fn: TrainFn | None) -> TuneResult:
     from hvdtrain.distributed import collectives, runtime
-    from hvdtrain.distributed.settings import horovod_env
+    from hvdtrain.distributed.horovod_settings import horovod_env
     from hvdtrain.tuning.inprocess import run_inprocess
 
     # Rank 0 alone holds the study's parent run; its trials' runs nest under it as in job mode.
