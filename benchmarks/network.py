@@ -4,8 +4,8 @@ link limited by tc tbf (this kernel has tbf, not netem).
     python -m benchmarks.run --hosts 2,3 --link 1gbit --models resnet18,mlp --rounds 2 --steps 8 --out DIR
     python -m benchmarks.run --hosts 2 --smoke --out DIR        # CI: tiny MLP, two launches
 
-The hosts come from tests/netns_cluster.py (the cluster tests' helper: namespaces on a bridge, one
-sshd per host, a launcher namespace), imported as `tests.netns_cluster`, so benchmarks and tests share
+The hosts come from tests/support/netns_cluster.py (the cluster tests' helper: namespaces on a bridge, one
+sshd per host, a launcher namespace), imported as `tests.support.netns_cluster`, so benchmarks and tests share
 one implementation of the namespace setup and its cleanup. Needs root, sshd and tc.
 
 Variants at np>1: DDP (one torchrun per host, c10d rendezvous on host1), the compute-only step
@@ -35,7 +35,7 @@ from typing import Any
 from benchmarks import netreport
 from benchmarks.ab import launch_spec
 from benchmarks.harness import BIN, ROOT, git_head, once_more, run_job
-from tests.netns_cluster import IFACE, SSH_PORT, NamespaceCluster, rate_bits
+from tests.support.netns_cluster import IFACE, SSH_PORT, NamespaceCluster, rate_bits
 
 RDZV_PORT = 29400
 

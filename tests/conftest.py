@@ -1,41 +1,30 @@
-"""Shared fixtures: environment isolation and a real horovodrun launcher for multi-rank tests."""
+"""Fixtures, hooks and plug-in wiring only: environment isolation, a real horovodrun launcher for multi-rank tests and
+the reference runs several files compare against. What tests import lives in the `support` package beside this file."""
 from __future__ import annotations
 
-import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
+from support.environ import LIBRARY_SET, PYTEST_OWN, EnvironmentLeak
+from support.ordering import order_items, scheduler_by_group
+from support.paths import PLUGINS, PLUGINS_DIR, ROOT
+from support.processes import horovodrun, horovodrun_cmd, kill_tree, show
+from support.runs import EQUIV, DefaultJob, final_weights
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+TIERS = ("unit", "one_rank", "multirank", "cluster")
 # The Horovod build script lives outside the package (it runs before hvdtrain is installed); its parts
 # (install_plan, install_toolchain, install_build) sit beside the patch series in scripts/horovod/.
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "scripts" / "horovod"))
 # Plug-ins that tests name as 'module:function' (and import directly); rank-side scripts live in ranks/.
-PLUGINS_DIR = ROOT / "tests" / "plugins"
 sys.path.insert(0, str(PLUGINS_DIR))
-# pytest's own variable, changed by it between phases: not a test's leak.
-PYTEST_OWN = "PYTEST_CURRENT_TEST"
-# Set by libraries in their own process the first time they are used (torch's inductor cache and its compiled
-# code's tensor pointer, Intel OpenMP at import, MLflow's telemetry session): restored like any other, but not
-# reported, since no test can avoid them.
-LIBRARY_SET = {"TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "KMP_DUPLICATE_LIB_OK",
-               "KMP_INIT_AT_FORK", "_MLFLOW_TELEMETRY_SESSION_ID"}
-TIERS = ("unit", "one_rank", "multirank", "cluster")
-# A job small enough to compare weights across launches: 2 workers x batch b must equal 1 worker x 2b.
-EQUIV = ["--dataset", "synthetic", "--synthetic-samples", "640", "--val-fraction", "0.2",
-         "--synthetic-shape", "1,8,8", "--model", "mlp", "--hidden", "32", "--lr", "0.05",
-         "--lr-scaling", "none", "--warmup-epochs", "0", "--max-steps", "12", "--log-interval", "4",
-         "--threads", "1"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,58 +33,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "files, then of the tests inside each file): the suite must pass in any order")
 
 
-def order_items(items: list[pytest.Item], order: str) -> None:
-    """Reorder in place; a bad ORDER is a one-line usage error."""
-    if order == "as-collected":
-        return
-    if order == "reversed":
-        items.reverse()
-        return
-    kind, _, seed = order.partition(":")
-    if kind != "shuffled" or not seed.isdigit():
-        raise pytest.UsageError(f"--order {order!r}: use as-collected, reversed or shuffled:SEED (SEED an integer, "
-                                "e.g. shuffled:38)")
-    # Files are shuffled, then the tests inside each file (as pytest-randomly does): a module-scoped cluster is
-    # still built once per file instead of once per interleaved test, and order bugs between files still show.
-    rng = random.Random(int(seed))
-    files: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        files.setdefault(item.nodeid.split("::")[0], []).append(item)
-    groups = list(files.values())
-    rng.shuffle(groups)
-    for group in groups:
-        rng.shuffle(group)
-    items[:] = [item for group in groups for item in group]
-
-
-def group_of(nodeid: str) -> str:
-    """The group a test runs in under `pytest -n N --dist loadgroup` (make test TEST_WORKERS=2): its file, so
-    module-scoped fixtures are built once; the whole cluster tier is one group, since its tests share fixed namespace
-    addresses, the Slurm daemons and Ray's ports, and its timings assume no other cluster beside it.
-
-    Example:
-        >>> group_of("tests/cluster/test_ray.py::test_x"), group_of("tests/unit/test_a.py::test_y[1]")
-        ('cluster', 'tests/unit/test_a.py')
-    """
-    path = nodeid.split("::")[0]
-    return "cluster" if "cluster" in path.split("/") else path
-
-
 @pytest.hookimpl(optionalhook=True)   # a pytest-xdist hook: pytest without xdist must not refuse it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under `--dist loadgroup`, the groups of group_of() by node id. pytest-xdist's own loadgroup reads the
-    xdist_group markers and appends the group to each item's `_nodeid`, which pytest 9 no longer reads (node ids
-    are `_id`): every test was scheduled alone, the cluster tier's tests two at a time. Its load-scope scheduler
-    asks for a test's scope by node id, so that is where the groups are given here."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByGroup(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid)
-
-    return ByGroup(config, log)
+    """Under `--dist loadgroup`, one group per file and one for the cluster tier (support.ordering)."""
+    return scheduler_by_group(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -106,10 +47,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
     order_items(items, config.getoption("order"))
-
-
-class EnvironmentLeak(UserWarning):
-    """A test changed os.environ and did not undo it (restored by the restore_environ fixture)."""
 
 
 @pytest.fixture(autouse=True)
@@ -164,15 +101,6 @@ def one_worker():
         yield world
 
 
-class DefaultJob(NamedTuple):
-    run: Path            # its run folder: summary.json, metrics.jsonl, config.yaml...
-    stdout: str
-
-    def last_epoch(self) -> dict:
-        records = [json.loads(line) for line in (self.run / "metrics.jsonl").read_text().splitlines()]
-        return [r for r in records if r["kind"] == "epoch"][-1]
-
-
 @pytest.fixture(scope="session")
 def default_job() -> Iterator[DefaultJob]:
     """The default job (digits, CNN, 10 epochs) under `horovodrun -np 2 --gloo`, one thread per worker: trained
@@ -182,30 +110,6 @@ def default_job() -> Iterator[DefaultJob]:
         proc = horovodrun(2, ["-m", "hvdtrain", "--threads", "1", "--run-dir", run_dir, "--name", "default"], "gloo")
         assert proc.returncode == 0, show(proc)
         yield DefaultJob(Path(run_dir) / "default", proc.stdout)
-
-
-def horovod_patched(variable: str) -> bool:
-    """The installed Horovod's extension reads `variable`, i.e. carries the hvdtrain patch that adds it
-    (scripts/horovod_perf.py); False without Horovod."""
-    from hvdtrain.distributed import runtime
-
-    if runtime.hvd is None:
-        return False
-    libs = Path(runtime.hvd.__file__).parent.glob("mpi_lib_v2*.so")
-    return any(variable.encode() in lib.read_bytes() for lib in libs)
-
-
-def horovodrun_cmd(np: int, args: list[str], backend: str) -> list[str]:
-    return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
-            "--start-timeout", "120", "--disable-cache", "--network-interfaces", "lo", sys.executable, *args]
-
-
-def horovodrun(np: int, args: list[str], backend: str, timeout: int = 300,
-               cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `horovodrun -np N -H localhost:N --gloo|--mpi python ARGS` for real."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.run(horovodrun_cmd(np, args, backend), cwd=cwd or ROOT, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -226,36 +130,21 @@ def background():
         kill_tree(proc, 9)
 
 
-def kill_tree(proc: subprocess.Popen, sig: int) -> None:
-    """Signal horovodrun and every process it started (workers run in their own sessions), by PID."""
-    import psutil
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict]:
+    """The final weights of a job that never stopped, the reference every stop-and-resume test ends equal to:
+    `uninterrupted(args, np=2, backend="gloo")` trains `horovodrun ... python ARGS` (plug-ins importable,
+    FAULTS_SLEEP_S=0) once per session and xdist worker for each distinct job, and returns its model.pt."""
+    done: dict[tuple, dict] = {}
 
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
-    for member in family:
-        try:
-            member.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=30)
-    proc.wait(timeout=30)
+    def weights(args: list[str], np: int = 2, backend: str = "gloo") -> dict:
+        key = (tuple(args), np, backend)
+        if key not in done:
+            run_dir = tmp_path_factory.mktemp(f"uninterrupted-{backend}-{np}")
+            proc = horovodrun(np, [*args, "--run-dir", str(run_dir), "--name", "ref"], backend,
+                              env={**PLUGINS, "FAULTS_SLEEP_S": "0"})
+            assert proc.returncode == 0, "the uninterrupted reference run failed:\n" + show(proc)
+            done[key] = final_weights(run_dir / "ref")
+        return done[key]
 
-
-def show(proc: subprocess.CompletedProcess) -> str:
-    """Every rank's output, for assertion messages."""
-    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
-
-
-BACKENDS = pytest.mark.parametrize("backend", ["gloo", "mpi"])
-
-
-def load_docs_checks():
-    """docs/_ext/hvdtrain_docs.py (the docs' own checks: flags, runnable blocks), loaded as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("hvdtrain_docs", ROOT / "docs" / "_ext" / "hvdtrain_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return weights

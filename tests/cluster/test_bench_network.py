@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, show
-from netns_cluster import SSHD, rate_bits
+from support.netns_cluster import SSHD, rate_bits
+from support.paths import ROOT
+from support.processes import show
 
 from benchmarks.netreport import ratios, ring_bound_ms
 from benchmarks.network import env_variant, net_variants

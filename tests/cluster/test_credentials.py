@@ -16,8 +16,9 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import ROOT, show
-from netns_cluster import IFACE, SSH_PORT
+from support.netns_cluster import IFACE, SSH_PORT
+from support.paths import ROOT
+from support.processes import show
 from test_two_hosts import cluster, write_hostfile  # noqa: F401 - cluster is the fixture
 
 SECRET_NAME = "HVDTRAIN_TEST_SECRET_TOKEN"

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import install_horovod as ih
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
+from support.processes import show
 
 DOCKER = ROOT / "docker"
 DOCKERFILES = {"cpu": DOCKER / "Dockerfile.cpu", "gpu": DOCKER / "Dockerfile.gpu"}
@@ -390,10 +391,6 @@ def test_a_fresh_debian_machine_gets_podman_runc_and_debootstrap_from_apt(monkey
 
 def podman(*args: str, timeout: int = 600, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
-
-
-def show(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
 
 
 @pytest.fixture(scope="module")

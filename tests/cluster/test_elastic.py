@@ -18,8 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import BIN, ROOT, kill_tree
-from waiting import wait_for
+from support.paths import BIN, ROOT
+from support.processes import kill_tree
+from support.runs import records
+from support.waiting import wait_for
 
 THREE_HOSTS = "localhost:2\n127.0.0.1:1\n"
 TRAIN_SAMPLES = 1438  # digits minus the held-out 20%
@@ -123,12 +125,8 @@ def epoch_coverage(run: Path, steps: dict[int, list[int]]) -> list[tuple[int, li
 
 def epoch_records(run: Path) -> list[dict]:
     """The last record of each epoch (a redone epoch end overwrites the earlier one)."""
-    records = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["kind"] == "epoch":
-            records[record["epoch"]] = record
-    return [records[epoch] for epoch in sorted(records)]
+    last = {record["epoch"]: record for record in records(run, "epoch")}
+    return [last[epoch] for epoch in sorted(last)]
 
 
 def worker_on(proc: subprocess.Popen, host: str) -> psutil.Process:
@@ -242,8 +240,7 @@ def test_elastic_resume_and_bad_input_reach_every_worker(tmp_path):
     assert "resumed from" in resumed.stdout and "exactly where it stopped" in resumed.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["epoch"] == 1 and summary["workers"] == 2 and len(set(summary["param_digests"])) == 1
-    epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["kind"] == "epoch"]
+    epochs = [r["epoch"] for r in records(run, "epoch")]
     assert epochs == [0, 1]
 
 

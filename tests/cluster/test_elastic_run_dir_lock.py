@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import psutil
-from conftest import BIN, ROOT, kill_tree
+from support.paths import BIN, ROOT
+from support.processes import kill_tree
+from support.waiting import wait_for
 from test_elastic import probe_lines
-from waiting import wait_for
 
 from hvdtrain.output import claim
 

@@ -9,9 +9,10 @@ import subprocess
 import sys
 import time
 
-from conftest import BIN, ROOT, kill_tree
+from support.paths import BIN, ROOT
+from support.processes import kill_tree
+from support.waiting import wait_for
 from test_elastic import finished, pids_training_since, probe_lines, rewrite
-from waiting import wait_for
 
 GLOO_TIMEOUT_S = 10     # the old bound: the survivors' rendezvous gave up this long after the reset
 SLOW_LOAD_S = 12        # the joiner's data loading, longer than that

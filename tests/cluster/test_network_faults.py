@@ -1,6 +1,6 @@
 """Faults on the links between real hosts (issue 29): a partition, a frozen worker, a slow link.
 
-Two hosts are network namespaces with sshd (tests/netns_cluster.py), one cluster for the module. This
+Two hosts are network namespaces with sshd (tests/support/netns_cluster.py), one cluster for the module. This
 kernel has no netem, so a partition is the host's interface taken down for a while (then up again), a
 frozen worker is SIGSTOP, and a slow link is a tbf qdisc. Every fault is undone in a `finally`, by name.
 Figures (time from the fault to its detection, to recovery, to the job's exit) are printed for the
@@ -8,7 +8,6 @@ notes in docs/troubleshooting.md; the tests assert what happened, and only gener
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -20,8 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, horovodrun, show
-from netns_cluster import IFACE, SSH_PORT, NamespaceCluster, running_cluster
+from support.netns_cluster import IFACE, SSH_PORT, NamespaceCluster, running_cluster
+from support.paths import ROOT
+from support.processes import horovodrun, show
+from support.runs import records
 
 TRAIN = ["--model", "mlp", "--hidden", "256", "--threads", "1", "--log-interval", "10", "--seed", "7",
          "--checkpoint-epochs", "1", "--keep-checkpoints", "2"]
@@ -200,8 +201,7 @@ def test_a_frozen_worker_is_named_and_the_job_ends_within_the_peer_timeout(clust
 
 def step_ms(run: Path) -> float:
     """The median of the epochs' step times, as the console table shows them."""
-    times = sorted(json.loads(line)["step_time_s"] * 1000 for line in (run / "metrics.jsonl").read_text().splitlines()
-                   if json.loads(line)["kind"] == "epoch")
+    times = sorted(r["step_time_s"] * 1000 for r in records(run, "epoch"))
     return times[len(times) // 2]
 
 

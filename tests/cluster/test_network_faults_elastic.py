@@ -3,7 +3,7 @@ worker stopped with SIGSTOP) for at least 20 s and until the other two train on 
 
 The survivors must shrink to two and train on, the healed host must be re-admitted, every epoch's samples
 must be trained exactly once counting from the last commit, and all ranks must end with equal weights.
-Three hosts are network namespaces with sshd (tests/netns_cluster.py); the partition is host3's interface
+Three hosts are network namespaces with sshd (tests/support/netns_cluster.py); the partition is host3's interface
 taken down inside its namespace, brought up again in a `finally` (a frozen worker gets its SIGCONT there
 too). The probe plug-in (tests/plugins/elastic_probe.py) logs the samples of every step; its hold file
 keeps steps slow until host3 is back, so the run outlasts the fault however loaded the machine is.
@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
-from netns_cluster import running_cluster
+from support.netns_cluster import running_cluster
+from support.paths import ROOT
+from support.waiting import wait_for
 from test_elastic import effective_steps, epoch_coverage, probe_lines
 from test_network_faults import Job, worker_pid
-from waiting import wait_for
 
 OUTAGE_S = 20
 GLOO_TIMEOUT_S = 10      # how long a survivor's collective waits for the lost host before it resets

@@ -12,8 +12,9 @@ import shutil
 import subprocess
 import sys
 
-from conftest import BIN, ROOT, show
-from netns_cluster import IFACE, SSH_PORT
+from support.netns_cluster import IFACE, SSH_PORT
+from support.paths import BIN, ROOT
+from support.processes import show
 from test_two_hosts import cluster  # noqa: F401 - the fixture
 
 

@@ -1,5 +1,5 @@
 """Ray: hvdtrain.ray.fit and `hvdtrain ray` on a real Ray cluster: a head and two worker nodes, each its own
-`ray start` process with its own node id and loopback address (tests/ray_support.py).
+`ray start` process with its own node id and loopback address (tests/support/ray_cluster.py).
 
 ray is a default extra of `make setup`, so it is imported, not skipped.
 """
@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 import ray  # noqa: F401 - a missing ray is a setup bug (EXTRAS in the Makefile), not a skip
-from conftest import ROOT, show
-from ray_support import RayCluster, fit_and_report
-from waiting import wait_for
+from support.paths import ROOT
+from support.processes import show
+from support.ray_cluster import RayCluster, fit_and_report
+from support.waiting import wait_for
 
 import hvdtrain
 import hvdtrain.ray
@@ -177,7 +178,7 @@ class DriverAttacker(threading.Thread):
                 for c in self.me.net_connections(kind="tcp4") if c.status == "LISTEN"}
 
     def run(self) -> None:
-        from control_attacker import attack_tcp, tcp_requests
+        from support.control_attacker import attack_tcp, tcp_requests
 
         requests = tcp_requests(str(self.marker))
         while not self.stop.wait(1.0):

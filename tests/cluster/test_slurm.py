@@ -1,4 +1,4 @@
-"""Tier 4: the shipped Slurm recipe on a real Slurm cluster (tests/slurm_cluster.py: munged, slurmctld and
+"""Tier 4: the shipped Slurm recipe on a real Slurm cluster (tests/support/slurm_cluster.py: munged, slurmctld and
 one slurmd on loopback, all started here as root).
 
 `sbatch examples/cluster/slurm.sbatch` runs its default launcher, `srun --mpi=pmix`: two workers on the
@@ -18,26 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import BIN, ROOT
-from slurm_cluster import SlurmCluster, running_slurm
-from waiting import wait_for
+from support.paths import BIN, PLUGINS_DIR, ROOT
+from support.runs import STOPPABLE_DIGITS, assert_same_weights
+from support.slurm_cluster import SlurmCluster, running_slurm
+from support.waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "slurm.sbatch"
-PLUGINS = ROOT / "tests" / "plugins"
 # 1,437 digits on 2 workers, 32 a worker: 23 steps an epoch (the last one padded), 46 in all.
-JOB = ["--dataset", "digits", "--val-fraction", "0.2005", "--batch-size", "32", "--model", "faults:slow_mlp",
-       "--hidden", "16", "--epochs", "2", "--checkpoint-steps", "10", "--keep-checkpoints", "10",
-       "--threads", "1", "--log-interval", "1"]
+JOB = STOPPABLE_DIGITS
 HOLD_AFTER = 12     # training steps before every rank waits on the hold file (the step-10 checkpoint is written)
 JOB_TIMEOUT = 300
-
-
-def assert_same_weights(run: Path, reference: Path) -> None:
-    ours, theirs = (torch.load(path / "model.pt", weights_only=True) for path in (run, reference))
-    assert ours.keys() == theirs.keys()
-    for key in ours:
-        torch.testing.assert_close(ours[key], theirs[key], atol=1e-6, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +42,7 @@ def sbatch(cluster: SlurmCluster, log: Path, args: list[str], options: tuple[str
     proc = subprocess.run(
         ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--output={log}",
          *options, str(SBATCH), *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env=cluster.env(HVDTRAIN_VENV=str(BIN.parent), PYTHONPATH=f"{ROOT}:{PLUGINS}", PYTHONUNBUFFERED="1",
+        env=cluster.env(HVDTRAIN_VENV=str(BIN.parent), PYTHONPATH=f"{ROOT}:{PLUGINS_DIR}", PYTHONUNBUFFERED="1",
                         **{"FAULTS_SLEEP_S": "0", **env}))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip().split(";")[0]

@@ -1,4 +1,4 @@
-"""Tier 4: the shipped Slurm recipe on a real two-node Slurm cluster (tests/slurm_cluster.py
+"""Tier 4: the shipped Slurm recipe on a real two-node Slurm cluster (tests/support/slurm_cluster.py
 `running_slurm_hosts`: slurmctld in a launcher network namespace, one slurmd per namespace host, munge with
 one key), as root.
 
@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import BIN, ROOT
-from netns_cluster import IFACE
-from slurm_cluster import SlurmCluster, running_slurm_hosts
-from waiting import wait_for
+from support.netns_cluster import IFACE
+from support.paths import BIN, PLUGINS_DIR, ROOT
+from support.runs import assert_same_weights, records
+from support.slurm_cluster import SlurmCluster, running_slurm_hosts
+from support.waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "slurm.sbatch"
-PLUGINS = ROOT / "tests" / "plugins"
 LOG_INTERVAL = 1
 # 1,437 digits on 2 workers, 32 a worker: 23 steps an epoch (the last one padded), 46 in all.
 JOB = ["--dataset", "digits", "--val-fraction", "0.2005", "--batch-size", "32", "--model", "where_probe:where_mlp",
@@ -55,7 +54,7 @@ def sbatch(cluster: SlurmCluster, log: Path, args: list[str], options: tuple[str
         cluster.command("sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1",
                         f"--output={log}", *options, str(SBATCH), *args),
         cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env=cluster.env(HVDTRAIN_VENV=str(BIN.parent), PYTHONPATH=f"{ROOT}:{PLUGINS}", PYTHONUNBUFFERED="1",
+        env=cluster.env(HVDTRAIN_VENV=str(BIN.parent), PYTHONPATH=f"{ROOT}:{PLUGINS_DIR}", PYTHONUNBUFFERED="1",
                         **{"FAULTS_SLEEP_S": "0", **MPI_ENV, **env}))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip().split(";")[0]
@@ -73,13 +72,6 @@ def assert_on_both_hosts(folder: Path, cluster: SlurmCluster, out: str) -> None:
         slurmd = cluster.daemons[f"slurmd-{rank['hostname']}"]
         assert rank["netns"] == os.readlink(f"/proc/{slurmd.pid}/ns/net"), ranks
     assert sorted(rank["rank"] for rank in ranks) == ["0", "1"], ranks
-
-
-def assert_same_weights(run: Path, reference: Path) -> None:
-    ours, theirs = (torch.load(path / "model.pt", weights_only=True) for path in (run, reference))
-    assert ours.keys() == theirs.keys()
-    for key in ours:
-        torch.testing.assert_close(ours[key], theirs[key], atol=1e-6, rtol=0)
 
 
 def sshd_pids(namespaces) -> list[int]:
@@ -146,8 +138,7 @@ def test_early_warning_on_two_nodes_then_requeue_resumes_by_itself_exactly(slurm
     stopped = int(stop[1])
     assert (run / "checkpoints" / f"ckpt-{stopped:09d}.pt").exists()
     assert_on_both_hosts(tmp_path / "where", cluster, out)
-    done = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
-            if json.loads(line).get("kind") == "train"]
+    done = [r["step"] for r in records(run, "train")]
     # The pre-empted job is requeued (as PreemptMode=REQUEUE or a site's USR1 handler would): no user action after.
     # Slurm holds a requeued job ~2 minutes before it may start again (its begin time); the test starts it once
     # both nodes have cleaned up after its first run (earlier, its new batch step fails to launch).
@@ -196,7 +187,7 @@ def test_srun_with_no_mpi_trains_over_gloo_on_both_hosts(slurm2, tmp_path, unint
                         "--kill-on-bad-exit=1", str(BIN / "python"), "-m", "hvdtrain", *JOB,
                         "--run-dir", str(tmp_path), "--name", "gloo"),
         cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT,
-        env=cluster.env(PYTHONPATH=f"{ROOT}:{PLUGINS}", PYTHONUNBUFFERED="1", FAULTS_SLEEP_S="0",
+        env=cluster.env(PYTHONPATH=f"{ROOT}:{PLUGINS_DIR}", PYTHONUNBUFFERED="1", FAULTS_SLEEP_S="0",
                         WHERE_DIR=str(tmp_path / "where")))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

@@ -1,6 +1,6 @@
-"""Tier 4: a script of your own on a real Slurm cluster (tests/slurm_cluster.py: munged, slurmctld and one slurmd on
-loopback, all started here as root), submitted with the shipped recipe examples/cluster/own_script.sbatch as it is,
-only its sizes overridden on sbatch's command line (one node, two tasks of one CPU, no GPU).
+"""Tier 4: a script of your own on a real Slurm cluster (tests/support/slurm_cluster.py: munged, slurmctld and one
+slurmd on loopback, all started here as root), submitted with the shipped recipe examples/cluster/own_script.sbatch
+as it is, only its sizes overridden on sbatch's command line (one node, two tasks of one CPU, no GPU).
 
 The script is a user's: its own model and data, hvdtrain.Trainer, and no line about Slurm, signals or resuming. What
 `python -m hvdtrain` does under Slurm it gets from the Trainer (train/run_start.py, issue 52):
@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT
-from slurm_cluster import SlurmCluster, running_slurm
-from test_slurm import assert_same_weights
-from waiting import wait_for
+from support.paths import BIN, ROOT
+from support.runs import assert_same_weights
+from support.slurm_cluster import SlurmCluster, running_slurm
+from support.waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "own_script.sbatch"
 OWN_SCRIPT = '''"""A user's own training script (the shape of examples/own_script/train.py), plus the test's hold: after

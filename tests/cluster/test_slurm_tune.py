@@ -1,4 +1,4 @@
-"""Tier 4: `hvdtrain tune --launcher srun` on a real Slurm cluster (one node, tests/slurm_cluster.py).
+"""Tier 4: `hvdtrain tune --launcher srun` on a real Slurm cluster (one node, tests/support/slurm_cluster.py).
 
 `sbatch examples/cluster/tune.sbatch` runs a study of three small trials, each a job step of two workers
 started by srun (Gloo from SLURM_*). The same study again, requeued (`scontrol requeue`) while its second
@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT
-from slurm_cluster import SlurmCluster, running_slurm
-from waiting import wait_for
+from support.paths import BIN, PLUGINS_DIR, ROOT
+from support.slurm_cluster import SlurmCluster, running_slurm
+from support.waiting import wait_for
 
 SBATCH = ROOT / "examples" / "cluster" / "tune.sbatch"
-PLUGINS = ROOT / "tests" / "plugins"
 SPACE = "lr: {type: float, low: 0.01, high: 0.5, log: true}\n"
 # 1,437 digits on 2 workers, 32 a worker: 23 steps an epoch, 46 a trial.
 STUDY = ["--trials", "3", "--backend", "mpi", "--sampler", "random", "--sampler-seed", "3", "--pruner", "none",
@@ -48,7 +47,7 @@ def submit(cluster: SlurmCluster, folder: Path, **env: str) -> tuple[str, Path]:
         ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--output={log}",
          str(SBATCH), "--space", str(folder / "space.yaml"), "--dir", str(folder / "tune"), *STUDY],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env=cluster.env(HVDTRAIN_VENV=str(BIN.parent), PYTHONPATH=f"{ROOT}:{PLUGINS}", PYTHONUNBUFFERED="1",
+        env=cluster.env(HVDTRAIN_VENV=str(BIN.parent), PYTHONPATH=f"{ROOT}:{PLUGINS_DIR}", PYTHONUNBUFFERED="1",
                         **{"FAULTS_SLEEP_S": "0", **env}))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip().split(";")[0], log

@@ -14,6 +14,7 @@ import statistics
 import time
 
 import pytest
+from support.waiting import wait_for
 from test_elastic import (
     HVDTRAIN_LAUNCH,
     effective_steps,
@@ -24,7 +25,6 @@ from test_elastic import (
     probe_lines,
     worker_on,
 )
-from waiting import wait_for
 
 KILL_EVERY_S = 20
 READMIT_WITHIN_S = 90  # the cooldown (15 s) plus a worker's start on a loaded machine, with room

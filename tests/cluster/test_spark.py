@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pyspark  # noqa: F401 - a missing pyspark is a setup bug (EXTRAS in the Makefile), not a skip
 import pytest
-from conftest import ROOT, show
-from spark_support import SPARK_ENV, local_session, needs_java
-from worker_fns import _raise_on_rank_1
+from support.paths import ROOT
+from support.processes import show
+from support.spark_session import SPARK_ENV, local_session, needs_java
+from support.worker_fns import _raise_on_rank_1
 
 import hvdtrain
 import hvdtrain.spark.spark_fit

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from spark_support import local_session, needs_java
+from support.spark_session import local_session, needs_java
 
 import hvdtrain
 import hvdtrain.spark

@@ -14,8 +14,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, show
-from netns_cluster import IFACE, SSH_PORT
+from support.netns_cluster import IFACE, SSH_PORT
+from support.paths import ROOT
+from support.processes import show
 from test_credentials import CommandLineWatch
 from test_two_hosts import cluster, write_hostfile  # noqa: F401 - cluster is the fixture
 

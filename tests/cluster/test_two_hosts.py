@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BACKENDS, BIN, ROOT, show
-from netns_cluster import IFACE, SSH_PORT, running_cluster
+from support.netns_cluster import IFACE, SSH_PORT, running_cluster
+from support.paths import BIN, ROOT
+from support.processes import BACKENDS, show
 
 from hvdtrain.data.sharding import steps_per_epoch
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 import torch
+from support.worker_fns import _raise_on_rank_1, _secret_seen_and_leaks
 from torch.utils.data import TensorDataset
-from worker_fns import _raise_on_rank_1, _secret_seen_and_leaks
 
 import hvdtrain
 from hvdtrain.errors import LaunchError, WorkerError

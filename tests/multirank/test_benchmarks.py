@@ -9,7 +9,8 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, show
+from support.paths import ROOT
+from support.processes import show
 
 from benchmarks.run import LATEST, latest_run, launch, parse_args, ratios, run_job, update_latest, variants
 

@@ -1,9 +1,9 @@
 """Tier 3: Horovod's own collectives on bfloat16 tensors, 2 real workers under Gloo and MPI (hvdtrain's patched
-Horovod: scripts/horovod_bf16.py). The rank script (tests/ranks/bf16_collectives.py) checks each against float32."""
+Horovod: scripts/horovod/patches, 0007). The rank script tests/ranks/bf16_collectives.py checks each against float32."""
 from __future__ import annotations
 
 import pytest
-from conftest import BACKENDS, horovodrun, show
+from support.processes import BACKENDS, horovodrun, show
 
 from hvdtrain.distributed import runtime
 

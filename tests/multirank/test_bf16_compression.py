@@ -1,6 +1,6 @@
 """Tier 3: `--compression bf16` on 2 real workers. The gradients cross Horovod's wire as bfloat16 (half of fp32's
 bytes, read from Horovod's own timeline: what its core really allreduced) and the default job trains to fp32's
-accuracy within noise. Needs hvdtrain's patched Horovod (scripts/horovod_bf16.py)."""
+accuracy within noise. Needs hvdtrain's patched Horovod (scripts/horovod/patches, 0007)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import horovodrun, show
-from timeline import assert_half_the_bytes
+from support.processes import horovodrun, show
+from support.timeline import assert_half_the_bytes
 
 from hvdtrain.distributed import runtime
 

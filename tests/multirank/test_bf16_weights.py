@@ -10,8 +10,9 @@ import sys
 
 import pytest
 import torch
-from conftest import BACKENDS, ROOT, horovodrun, show
-from timeline import timeline_ops
+from support.paths import ROOT
+from support.processes import BACKENDS, horovodrun, show
+from support.timeline import timeline_ops
 
 from hvdtrain.distributed import runtime
 

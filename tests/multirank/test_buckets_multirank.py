@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import torch
-from conftest import BACKENDS, EQUIV, horovod_patched, horovodrun, show
-from timeline import timeline_ops
+from support.processes import BACKENDS, horovod_patched, horovodrun, show
+from support.runs import EQUIV
+from support.timeline import timeline_ops
 
 
 @BACKENDS

@@ -4,13 +4,14 @@ last bucket) and --accumulate 2, under Gloo and MPI. Clipping each rank's own gr
 would give other weights (the trap these runs catch); the pre-clip norm is logged as grad_norm."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
-from conftest import BACKENDS, EQUIV, ROOT, horovodrun, show
+from support.paths import ROOT
+from support.processes import BACKENDS, horovodrun, show
+from support.runs import EQUIV, records
 
 CLIP = ["--max-grad-norm", "0.1"]   # the MLP's gradient norm is ~0.37 here: every step is clipped
 # name: (batch size per worker, extra flags); each takes 32 samples per step in all, as the 1-worker reference
@@ -23,8 +24,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def grad_norms(run: Path) -> list[float]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["grad_norm"] for r in records if r["kind"] == "train"]
+    return [r["grad_norm"] for r in records(run, "train")]
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

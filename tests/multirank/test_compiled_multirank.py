@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 
 import torch
-from conftest import EQUIV, horovodrun, show
+from support.processes import horovodrun, show
+from support.runs import EQUIV
 
 
 def test_compiled_training_on_two_workers_overlaps_like_eager_and_gives_its_weights(tmp_path):

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PLUGINS_DIR, ROOT, horovodrun, show
+from support.paths import PLUGINS, ROOT
+from support.processes import horovodrun, show
 
 pytestmark = pytest.mark.multirank
 
@@ -82,7 +83,7 @@ def test_int8_on_two_mpi_ranks_started_by_np_writes_from_rank_0_only(teacher, tm
     assert "\ndataset: digits\n" in config
     (source / "config.yaml").write_text(config.replace("\ndataset: digits\n", "\ndataset: writer_probe:digits\n"))
     env = dict(os.environ, PYTHONUNBUFFERED="1", WRITER_PROBE_OUT=str(out), WRITER_PROBE_MARKS=str(marks),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS_DIR), os.environ.get("PYTHONPATH")])))
+               **PLUGINS)
     proc = subprocess.run([sys.executable, "-m", "hvdtrain", "compress", str(source), "--method", "int8", "--np", "2",
                            "--mpi", "--calibration", "32", "--repeats", "3", "--batch-sizes", "1", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -1,5 +1,5 @@
 """A real job under attack (issues 36 and 51): while `hvdtrain launch` trains 2 (and 3) workers, a separate process
-(tests/control_attacker.py) sprays forged, malformed and oversized datagrams at every UDP port of the job's
+(tests/support/control_attacker.py) sprays forged, malformed and oversized datagrams at every UDP port of the job's
 processes and replays the datagrams it sniffs, and sends every listening TCP port of them (the elastic
 rendezvous, Horovod's services, Gloo's) pickles that would create a file, forged registrations and
 rank_and_size GETs, DELETEs of the rendezvous scopes and bodies declaring 8 GiB. Against the elastic job it
@@ -22,7 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import ROOT, kill_tree
+from support.paths import ROOT
+from support.processes import kill_tree
 
 JOB = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--synthetic-shape", "1,8,8", "--model", "mlp",
        "--hidden", "64", "--batch-size", "16", "--lr", "0.05", "--lr-scaling", "none", "--warmup-epochs", "0",
@@ -73,8 +74,8 @@ def run(folder: Path, np: int, elastic: bool, name: str, attack: bool) -> tuple[
         extra = ["--tcp", str(folder / "unpickled")]
         if elastic:
             extra += ["--key-from", str(folder)]
-        attacker = subprocess.Popen([sys.executable, str(ROOT / "tests" / "control_attacker.py"), str(proc.pid),
-                                     str(report_path), *extra], cwd=ROOT)
+        attacker = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "control_attacker.py"),
+                                     str(proc.pid), str(report_path), *extra], cwd=ROOT)
     seen = {"processes": 0, "key": None, "key_on_a_command_line": [], "name_on_a_command_line": []}
     try:
         deadline = time.monotonic() + 420

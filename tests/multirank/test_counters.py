@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from conftest import horovodrun, show
+from support.processes import horovodrun, show
 
 
 def rank_counters(stdout: str) -> list[dict]:

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PLUGINS_DIR, horovodrun, kill_tree, show
+from support.paths import PLUGINS_DIR
+from support.processes import horovodrun, kill_tree, show
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.datasets import build_data

@@ -1,6 +1,6 @@
 """Tier 3: real Horovod across two processes, Gloo and MPI."""
-from conftest import BACKENDS, horovodrun, show
-from worker_fns import _wait_cpu
+from support.processes import BACKENDS, horovodrun, show
+from support.worker_fns import _wait_cpu
 
 import hvdtrain
 

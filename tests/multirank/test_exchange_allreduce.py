@@ -1,4 +1,4 @@
-"""Tier 3: hvdtrain's 2-rank exchange allreduce (scripts/horovod_perf.py), 2 real workers under Gloo: a sum is a + b
+"""Tier 3: hvdtrain's 2-rank exchange allreduce (scripts/horovod/patches, 0009), 2 real workers, Gloo: a sum is a + b
 bit for bit in every dtype, average/min stay right, and a small allreduce makes fewer writes than Gloo's ring
 (HOROVOD_EXCHANGE_ALLREDUCE=0)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import horovod_patched, horovodrun, show
+from support.processes import horovod_patched, horovodrun, show
 
 
 @pytest.mark.skipif(not horovod_patched("HOROVOD_EXCHANGE_ALLREDUCE"),

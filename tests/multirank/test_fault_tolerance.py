@@ -9,33 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BACKENDS, ROOT, horovodrun, kill_tree, show
-from waiting import wait_for
+from support.paths import PLUGINS
+from support.processes import BACKENDS, horovodrun, kill_tree, show
+from support.runs import assert_same_weights
+from support.waiting import wait_for
 
-PLUGINS = {"PYTHONPATH": str(ROOT / "tests" / "plugins")}
 # 512 samples, 16 per worker per step on 2 workers: 16 steps per epoch, 48 in all.
 JOB = ["-m", "hvdtrain", "--dataset", "synthetic", "--synthetic-samples", "640", "--synthetic-shape", "1,8,8",
        "--model", "faults:slow_mlp", "--hidden", "32", "--batch-size", "16", "--epochs", "3",
        "--checkpoint-steps", "5", "--keep-checkpoints", "10", "--threads", "1", "--log-interval", "4"]
-
-
-def final_weights(run: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run / "model.pt", weights_only=True)
-
-
-def assert_same_weights(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("uninterrupted")
-    proc = horovodrun(2, [*JOB, "--run-dir", str(run_dir), "--name", "ref"], "gloo",
-                      env={**PLUGINS, "FAULTS_SLEEP_S": "0"})
-    assert proc.returncode == 0, show(proc)
-    return final_weights(run_dir / "ref")
 
 
 def kill_then_resume(tmp_path, background, when, env=None):
@@ -62,7 +44,7 @@ def test_kill_9_mid_epoch_then_resume_is_exact(tmp_path, background, uninterrupt
     proc = resume(tmp_path)
     assert "resumed from" in proc.stdout and "exactly where it stopped" in proc.stdout, show(proc)
     assert any(p.name == "ckpt-000000020.pt" for p in ckpts.iterdir())
-    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted)
+    assert_same_weights(tmp_path / "run", uninterrupted(JOB))
 
 
 def test_kill_9_while_rank_0_writes_a_checkpoint_falls_back_to_the_previous(tmp_path, background, uninterrupted):
@@ -73,7 +55,7 @@ def test_kill_9_while_rank_0_writes_a_checkpoint_falls_back_to_the_previous(tmp_
     proc = resume(tmp_path)
     assert "resumed from" in proc.stdout and "ckpt-000000010.pt" in proc.stdout, show(proc)
     assert not list(ckpts.glob(".*.tmp"))
-    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted)
+    assert_same_weights(tmp_path / "run", uninterrupted(JOB))
 
 
 def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_used(tmp_path, background, uninterrupted):
@@ -82,7 +64,7 @@ def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_used(tmp_pat
     newest.write_bytes(newest.read_bytes()[:100])
     proc = resume(tmp_path)
     assert f"skipping {newest} is not a readable hvdtrain checkpoint" in proc.stdout, show(proc)
-    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted)
+    assert_same_weights(tmp_path / "run", uninterrupted(JOB))
 
 
 def test_ctrl_c_stops_all_ranks_with_a_checkpoint_and_resume_finishes(tmp_path, background, uninterrupted):
@@ -103,7 +85,7 @@ def test_ctrl_c_stops_all_ranks_with_a_checkpoint_and_resume_finishes(tmp_path, 
     assert "[0]<stderr>:hvdtrain: stopped by SIG" in out and "[1]<stderr>:hvdtrain: stopped by SIG" in out, out
     assert "; checkpoint " in out
     resume(tmp_path)
-    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted)
+    assert_same_weights(tmp_path / "run", uninterrupted(JOB))
 
 
 @BACKENDS

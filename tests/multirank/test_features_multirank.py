@@ -8,16 +8,14 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import ROOT, horovodrun, show
-from timeline import assert_half_the_bytes, timeline_ops
+from support.paths import PLUGINS, ROOT
+from support.processes import horovodrun, show
+from support.timeline import assert_half_the_bytes, timeline_ops
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.sharding import steps_per_epoch
 from hvdtrain.models.builtin import build_model
 
-# The plug-ins in front of any PYTHONPATH already set (a checkout under test must stay first for hvdtrain).
-PLUGINS = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"),
-                                                       os.environ.get("PYTHONPATH")]))}
 # 625 synthetic samples, 500 for training: 250 per rank, so batches of 8 end in a short one (2 samples)
 # and steps of 4 x 8 end in a short step (26 samples). 8 steps per epoch either way; 12 steps cross
 # the epoch boundary.

@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 
 import torch
-from conftest import BACKENDS, EQUIV, horovodrun, show
+from support.processes import BACKENDS, horovodrun, show
+from support.runs import EQUIV
 
 
 @BACKENDS

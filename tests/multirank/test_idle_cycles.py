@@ -1,4 +1,4 @@
-"""Tier 3: hvdtrain's idle-cycle patch (scripts/horovod_perf.py), 2 real workers under Gloo: collectives (late
+"""Tier 3: hvdtrain's idle-cycle patch (scripts/horovod/patches, 0008), 2 real workers under Gloo: collectives (late
 peer, async, grouped, uneven work + join) stay right with HOROVOD_IDLE_CYCLE_TIME, and idle ranks stop burning
 CPU on empty negotiation rounds."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import horovod_patched, horovodrun, show
+from support.processes import horovod_patched, horovodrun, show
 
 
 @pytest.mark.skipif(not horovod_patched("HOROVOD_IDLE_CYCLE_TIME"),

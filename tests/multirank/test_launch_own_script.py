@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import BIN
+from support.paths import BIN
 
 SCRIPT = '''
 import hashlib, os, sys

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import BIN
+from support.paths import BIN
 
 GRACE_S = 30
 WORKER = """

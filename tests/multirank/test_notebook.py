@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 
 import nbformat
-from conftest import ROOT
 from nbclient import NotebookClient
+from support.paths import ROOT
 
 NOTEBOOK = ROOT / "examples" / "notebooks" / "quickstart.ipynb"
 

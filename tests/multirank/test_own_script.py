@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import ROOT, horovodrun, show
+from support.paths import ROOT
+from support.processes import horovodrun, show
 
 
 def test_the_own_script_trains_on_two_workers(tmp_path: Path) -> None:

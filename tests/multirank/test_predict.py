@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, horovodrun, show
 from safetensors.torch import save_file
+from support.paths import PLUGINS, ROOT
+from support.processes import horovodrun, show
 from user_models import WideMLP  # noqa: E402
 
 from hvdtrain.checkpoint import format as checkpoint
@@ -46,7 +47,6 @@ def trained(tmp_path_factory):
 
 
 # A user's model class is imported from its module in every rank and pool process.
-PLUGINS = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"), os.environ.get("PYTHONPATH")]))}
 
 
 def run_predict(*args: str) -> subprocess.CompletedProcess:

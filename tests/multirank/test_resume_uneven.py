@@ -20,23 +20,25 @@ import signal
 
 import psutil
 import pytest
-from conftest import horovodrun, kill_tree, show
-from test_fault_tolerance import PLUGINS, assert_same_weights, final_weights
-from waiting import wait_for
+from support.paths import PLUGINS
+from support.processes import horovodrun, kill_tree, show
+from support.runs import STOPPABLE_DIGITS, assert_same_weights
+from support.waiting import wait_for
 
-DIGITS_1437 = ["--dataset", "digits", "--val-fraction", "0.2005"]
-SYNTHETIC_3277 = ["--dataset", "synthetic", "--synthetic-samples", "4096", "--synthetic-shape", "1,8,8"]
-# Digits on 2 workers: 719 samples a rank, 23 steps an epoch; synthetic: 1,639 a rank, 26 steps an epoch.
-COMMON = ["-m", "hvdtrain", "--model", "faults:slow_mlp", "--hidden", "16", "--epochs", "2",
-          "--checkpoint-steps", "10", "--keep-checkpoints", "10", "--threads", "1", "--log-interval", "1"]
+# Digits on 2 workers: 719 samples a rank, 23 steps an epoch (STOPPABLE_DIGITS, batch 32); synthetic, the same job on
+# 4,096 samples (3,277 for training) at batch 64: 1,639 a rank, 26 steps an epoch.
+DIGITS = ["-m", "hvdtrain", *STOPPABLE_DIGITS]
+SYNTHETIC = ["-m", "hvdtrain", "--dataset", "synthetic", "--synthetic-samples", "4096", "--synthetic-shape", "1,8,8",
+             "--batch-size", "64", "--model", "faults:slow_mlp", "--hidden", "16", "--epochs", "2",
+             "--checkpoint-steps", "10", "--keep-checkpoints", "10", "--threads", "1", "--log-interval", "1"]
 HOLD_AFTER = 12     # training forward passes (= steps here) before every rank waits on the hold file
 CASES = {
-    "digits-1437-gloo-2": (DIGITS_1437 + ["--batch-size", "32"], "gloo", 2),
-    "digits-1437-gloo-3": (DIGITS_1437 + ["--batch-size", "32"], "gloo", 3),
-    "synthetic-3277-mpi-2": (SYNTHETIC_3277 + ["--batch-size", "64"], "mpi", 2),
-    "synthetic-3277-gloo-3": (SYNTHETIC_3277 + ["--batch-size", "64"], "gloo", 3),
-    "digits-1437-mpi-2": (DIGITS_1437 + ["--batch-size", "32"], "mpi", 2),
-    "synthetic-3277-mpi-3": (SYNTHETIC_3277 + ["--batch-size", "64"], "mpi", 3),
+    "digits-1437-gloo-2": (DIGITS, "gloo", 2),
+    "digits-1437-gloo-3": (DIGITS, "gloo", 3),
+    "synthetic-3277-mpi-2": (SYNTHETIC, "mpi", 2),
+    "synthetic-3277-gloo-3": (SYNTHETIC, "gloo", 3),
+    "digits-1437-mpi-2": (DIGITS, "mpi", 2),
+    "synthetic-3277-mpi-3": (SYNTHETIC, "mpi", 3),
 }
 # The default run keeps one case per backend, worker count and padding (2 Gloo workers, 3 MPI workers); the
 # others, and the even control, are the long tier (make test-all).
@@ -44,24 +46,13 @@ LONG_CASES = {"digits-1437-gloo-3", "synthetic-3277-mpi-2", "synthetic-3277-gloo
 
 
 def job(case: str, run_dir, name: str) -> list[str]:
-    return [*COMMON, *CASES[case][0], "--run-dir", str(run_dir), "--name", name]
+    return [*CASES[case][0], "--run-dir", str(run_dir), "--name", name]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """Final weights of each case's run that never stopped, computed once per case."""
-    done: dict[str, dict] = {}
-
-    def weights(case: str) -> dict:
-        if case not in done:
-            run_dir = tmp_path_factory.mktemp(case)
-            _, backend, np = CASES[case]
-            proc = horovodrun(np, job(case, run_dir, "ref"), backend, env={**PLUGINS, "FAULTS_SLEEP_S": "0"})
-            assert proc.returncode == 0, show(proc)
-            done[case] = final_weights(run_dir / "ref")
-        return done[case]
-
-    return weights
+def reference(uninterrupted, case: str) -> dict:
+    """The final weights of the case's job run without a stop (conftest's session fixture, once per job)."""
+    args, backend, np = CASES[case]
+    return uninterrupted(args, np, backend)
 
 
 def workers(proc) -> list[psutil.Process]:
@@ -104,7 +95,7 @@ def test_sigkill_mid_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, ba
     assert proc.returncode == 0, show(proc)
     assert "ckpt-000000010.pt at epoch 1, step 10" in proc.stdout and "exactly where it stopped" in proc.stdout, \
         show(proc)
-    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted(case))
+    assert_same_weights(tmp_path / "run", reference(uninterrupted, case))
 
 
 def test_sigterm_mid_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, background, uninterrupted):
@@ -117,4 +108,4 @@ def test_sigterm_mid_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, ba
                       env={**PLUGINS, "FAULTS_SLEEP_S": "0"})
     assert proc.returncode == 0, show(proc)
     assert f"step {stop[1]} (" in proc.stdout and "exactly where it stopped" in proc.stdout, show(proc)
-    assert_same_weights(final_weights(tmp_path / "run"), uninterrupted(case))
+    assert_same_weights(tmp_path / "run", reference(uninterrupted, case))

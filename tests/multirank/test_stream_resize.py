@@ -10,7 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import PLUGINS_DIR, ROOT, horovodrun, show
+from support.paths import PLUGINS_DIR, ROOT
+from support.processes import horovodrun, show
 
 ROWS = 80     # training rows: 2 files of 40, row groups of 10; a third file is held out
 

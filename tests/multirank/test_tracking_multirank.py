@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import BACKENDS, EQUIV, horovodrun, show
+from support.processes import BACKENDS, horovodrun, show
+from support.runs import EQUIV, records
 
 pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -23,8 +24,8 @@ def tracked_values(client: MlflowClient, run_id: str, name: str) -> list[tuple[i
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, name))
 
 
-def jsonl_values(records: list[dict], kind: str, key: str) -> list[tuple[int, float]]:
-    return sorted((r["step"], float(r[key])) for r in records if r["kind"] == kind)
+def jsonl_values(written: list[dict], kind: str, key: str) -> list[tuple[int, float]]:
+    return sorted((r["step"], float(r[key])) for r in written if r["kind"] == kind)
 
 
 def assert_run_mirrors_folder(client: MlflowClient, run_dir: Path, workers: int) -> str:
@@ -40,13 +41,13 @@ def assert_run_mirrors_folder(client: MlflowClient, run_dir: Path, workers: int)
     assert params["tracking"] == "mlflow" and params["batch_size"] == "16"
     tags = run.data.tags
     assert tags["workers"] == str(workers) and tags["device"] == "cpu" and tags["hvdtrain.version"]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
+    written = records(run_dir)
+    train = [r for r in written if r["kind"] == "train"]
     assert train
     for key in ("loss", "acc", "lr"):
-        assert tracked_values(client, run.info.run_id, f"train/{key}") == jsonl_values(records, "train", key), key
+        assert tracked_values(client, run.info.run_id, f"train/{key}") == jsonl_values(written, "train", key), key
     for key in ("val_loss", "val_acc", "train_loss"):
-        assert tracked_values(client, run.info.run_id, f"epoch/{key}") == jsonl_values(records, "epoch", key), key
+        assert tracked_values(client, run.info.run_id, f"epoch/{key}") == jsonl_values(written, "epoch", key), key
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert EXPECTED_FILES <= artifacts, artifacts
     return run.info.run_id

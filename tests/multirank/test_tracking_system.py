@@ -6,7 +6,8 @@ import os
 import time
 
 import pytest
-from conftest import EQUIV, horovodrun, show
+from support.processes import horovodrun, show
+from support.runs import EQUIV
 
 pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402

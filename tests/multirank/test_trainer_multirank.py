@@ -2,20 +2,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import BACKENDS, EQUIV, horovodrun, show
+from support.processes import BACKENDS, horovodrun, show
+from support.runs import EQUIV, records
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.sharding import steps_per_epoch
 from hvdtrain.models.builtin import build_model
-
-
-def read_metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
 
 
 @BACKENDS
@@ -40,7 +35,7 @@ def test_two_workers_equal_one_worker_with_twice_the_batch(tmp_path, backend, eq
 
 def test_default_job_on_two_workers_reaches_95_percent(default_job):
     run = default_job.run   # horovodrun -np 2 --gloo of the default job, shared with the Spark and Ray tests
-    epochs = [r for r in read_metrics(run) if r["kind"] == "epoch"]
+    epochs = [r for r in records(run) if r["kind"] == "epoch"]
     assert len(epochs) == 10
     # A threshold: the default job reaching 95 % is the user-visible claim; the exact test is the one above.
     assert epochs[-1]["val_acc"] >= 0.95, epochs[-1]
@@ -63,5 +58,5 @@ def test_uneven_dataset_finishes_with_equal_steps_and_exact_evaluation(tmp_path,
     expected_steps = 2 * steps_per_epoch(1001, np, 32)
     assert summary["rank_steps"] == [expected_steps] * np
     assert len(set(summary["param_digests"])) == 1
-    for record in (r for r in read_metrics(run) if r["kind"] == "epoch"):
+    for record in (r for r in records(run) if r["kind"] == "epoch"):
         assert record["val_samples"] == 1001

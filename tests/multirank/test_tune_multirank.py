@@ -13,7 +13,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, horovodrun, kill_tree, show
+from support.paths import ROOT
+from support.processes import horovodrun, kill_tree, show
+from support.runs import records
 
 # Small and quick: the MLP on digits, one thread per worker.
 BASE = ["--model", "mlp", "--threads", "1", "--tensorboard", "false"]
@@ -98,8 +100,7 @@ def test_a_bad_region_is_pruned_and_its_workers_stop_before_the_last_epoch(tmp_p
     assert [r["params"]["lr"] for r in rows] == [0.1, 0.0001], "the sampler drew another order; pick a seed"
     good, bad = rows
     assert good["state"] == "COMPLETE" and bad["state"] == "PRUNED", rows
-    epochs = [r for r in map(json.loads, (Path(bad["run_dir"]) / "metrics.jsonl").read_text().splitlines())
-              if r["kind"] == "epoch"]
+    epochs = records(Path(bad["run_dir"]), "epoch")
     assert len(epochs) < 6 and bad["pruned_at_epoch"] < 5, epochs               # stopped early
     assert len(epochs) <= bad["pruned_at_epoch"] + 2                             # within one epoch of the verdict
     # Every worker stopped on the tune process's SIGTERM, at a step they agreed on. Asserted on what is
@@ -117,7 +118,7 @@ def test_a_bad_region_is_pruned_and_its_workers_stop_before_the_last_epoch(tmp_p
     # It says so only after the stop checkpoint's allgather, which the other rank joins at that step; rank 0's
     # own record of the job ends at the same step.
     assert "checkpoint_on_stop: true" in (Path(bad["run_dir"]) / "config.yaml").read_text()
-    last = json.loads((Path(bad["run_dir"]) / "metrics.jsonl").read_text().splitlines()[-1])
+    last = records(Path(bad["run_dir"]))[-1]
     assert last["step"] == int(step), (last, log)
     assert "pruned after epoch" in proc.stdout
 

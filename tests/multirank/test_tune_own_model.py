@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+from support.runs import records
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -60,12 +61,11 @@ def rows(study: Path) -> list[dict]:
 
 
 def epochs_run(row: dict) -> int:
-    lines = (Path(row["run_dir"]) / "metrics.jsonl").read_text().splitlines()
-    return sum(1 for line in lines if json.loads(line)["kind"] == "epoch")
+    return len(records(Path(row["run_dir"]), "epoch"))
 
 
 def test_job_mode_tunes_a_model_class_of_this_file_2_trials_at_a_time_and_prunes_the_bad_ones(tmp_path, monkeypatch):
-    from conftest import horovodrun, show
+    from support.processes import horovodrun, show
 
     monkeypatch.chdir(tmp_path)   # the trials' workers find this module through the PYTHONPATH tune gives them
     study = tmp_path / "study"
@@ -100,7 +100,7 @@ def test_job_mode_tunes_a_model_class_of_this_file_2_trials_at_a_time_and_prunes
 
 def test_inprocess_mode_under_horovodrun_tunes_a_main_function_tracks_and_resumes(tmp_path):
     import pytest
-    from conftest import horovodrun, show
+    from support.processes import horovodrun, show
 
     MlflowClient = pytest.importorskip("mlflow.tracking").MlflowClient
 

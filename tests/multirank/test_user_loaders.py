@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, horovodrun, show
+from support.paths import ROOT
+from support.processes import horovodrun, show
 
 SCRIPT = "tests/ranks/user_loaders.py"
 sys.path.insert(0, str(ROOT / "tests" / "plugins"))

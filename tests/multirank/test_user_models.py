@@ -8,7 +8,8 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, horovodrun, show
+from support.paths import ROOT
+from support.processes import horovodrun, show
 
 SCRIPT = "tests/ranks/user_models.py"
 

@@ -9,7 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LIBRARY_SET, ROOT, show
+from support.environ import LIBRARY_SET
+from support.paths import ROOT
+from support.processes import show
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.datasets import build_data

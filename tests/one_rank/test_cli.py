@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, horovodrun, show
+from support.paths import ROOT
+from support.processes import horovodrun, show
 
 
 def hvdtrain(*args: str, cwd) -> subprocess.CompletedProcess:

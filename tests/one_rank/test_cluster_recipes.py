@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, ROOT, show
+from support.paths import BIN, ROOT
+from support.processes import show
 
 from hvdtrain.config.train_config import load_config
 

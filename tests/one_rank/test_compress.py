@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, show
+from support.paths import PLUGINS, ROOT
+from support.processes import show
 from torch import nn
 
 import hvdtrain
@@ -26,8 +27,6 @@ from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
 from hvdtrain.trained import finished_run
 
-PLUGINS = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"),
-                                                       os.environ.get("PYTHONPATH")]))}
 FAST = {"repeats": 10, "verbose": False}  # 10 timed passes per model and batch size keep the tests short
 
 

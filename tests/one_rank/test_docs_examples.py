@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_docs_checks
+from support.docs import load_docs_checks
+from support.paths import ROOT
 
 DOCS = ROOT / "docs"
 

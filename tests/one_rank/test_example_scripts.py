@@ -4,7 +4,6 @@ on one worker in an empty folder. The own script on two workers and on two hosts
 tests/cluster/test_own_script_two_hosts.py."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -12,7 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, show
+from support.paths import ROOT
+from support.processes import show
+from support.runs import records
 
 OWN = ROOT / "examples" / "own_script" / "train.py"
 MIGRATE = ROOT / "examples" / "migrate"
@@ -23,12 +24,8 @@ def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
 
 
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def epochs(run_dir: Path) -> list[dict]:
-    return [r for r in records(run_dir) if r["kind"] == "epoch"]
+    return records(run_dir, "epoch")
 
 
 def undocumented(keys: set[str]) -> set[str]:

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from support.runs import records
 
 from hvdtrain.config.train_config import FIELD_TYPES, load_config
 from hvdtrain.data.datasets import build_data
@@ -236,8 +237,7 @@ def test_run_directory_has_curves_png_step_time_and_best_weights(tmp_path, capsy
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
     height, width, _ = imread(run / "curves.png").shape  # decodes: a real image, not just a header
     assert (width, height) == (1000, 380)
-    epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-              if '"kind": "epoch"' in line]
+    epochs = records(run, "epoch")
     assert all(0 < r["step_time_s"] < r["epoch_time_s"] for r in epochs)
     assert "step_ms" in capsys.readouterr().out
     summary = json.loads((run / "summary.json").read_text())
@@ -256,8 +256,7 @@ def test_tensorboard_events_are_readable(tmp_path, one_worker):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/acc", "train/lr", "epoch/val_acc", "epoch/val_loss", "epoch/step_time_s"} <= tags
-    records = [json.loads(line) for line in (tmp_path / "tb" / "metrics.jsonl").read_text().splitlines()]
-    epochs = [r for r in records if r["kind"] == "epoch"]
+    epochs = records(tmp_path / "tb", "epoch")
     val_acc = events.Scalars("epoch/val_acc")
     assert [e.step for e in val_acc] == [r["step"] for r in epochs]
     assert [e.value for e in val_acc] == pytest.approx([r["val_acc"] for r in epochs])

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from conftest import BIN, ROOT, kill_tree
+from support.paths import BIN, ROOT
+from support.processes import kill_tree
 
 
 def test_a_hangup_of_hvdtrain_launch_stops_the_job_and_removes_its_secrets_file(tmp_path):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT
-from waiting import wait_for
+from support.paths import ROOT
+from support.waiting import wait_for
 
 from hvdtrain.launcher.shell_stop import running
 

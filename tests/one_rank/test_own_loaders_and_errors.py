@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
 from sequences import Bag, DigitTokens, pad
+from support.paths import ROOT
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset, WeightedRandomSampler
 
 import hvdtrain

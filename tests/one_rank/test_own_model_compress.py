@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import ROOT, show
+from support.paths import PLUGINS, ROOT
+from support.processes import show
 from user_models import TinyEncoder, WideMLP  # noqa: E402
 
 import hvdtrain
@@ -24,8 +25,6 @@ from hvdtrain.compression.export import load_exported
 from hvdtrain.data.datasets import build_data
 from hvdtrain.models.builtin import build_model
 
-PLUGINS = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"),
-                                                                     os.environ.get("PYTHONPATH")]))}
 FIX = "pass --model module:function, a builder (config, input_shape, num_classes) that returns the trained model"
 
 
@@ -52,8 +51,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def hvdtrain_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hvdtrain", *args], cwd=ROOT, env=PLUGINS, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "hvdtrain", *args], cwd=ROOT, env={**os.environ, **PLUGINS},
+                          capture_output=True, text=True, timeout=300)
 
 
 def val_set(run: Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, show
+from support.paths import ROOT
+from support.processes import show
 from torch import nn
 from torch.utils.data import TensorDataset
 

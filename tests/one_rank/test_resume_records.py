@@ -1,9 +1,8 @@
 """Tier 2: what a resumed run records and restores beyond the weights (issue 33, smaller items)."""
 from __future__ import annotations
 
-import json
-
 import torch
+from support.runs import records
 
 from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config
@@ -26,8 +25,7 @@ def test_resumed_epochs_are_marked_in_metrics_jsonl_and_the_loader_rng_is_restor
     first = next(p for p in checkpoint.candidates(folder) if checkpoint.load(p)["progress"]["step"] == 6)
     fit(load_config(**SMALL, run_dir=str(tmp_path), name="whole", max_steps=12, keep_checkpoints=5,
                     resume=str(first)))
-    epochs = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
-    epochs = [(r["epoch"], r.get("resumed", False)) for r in epochs if r["kind"] == "epoch"]
+    epochs = [(r["epoch"], r.get("resumed", False)) for r in records(tmp_path / "whole", "epoch")]
     assert epochs == [(0, False), (1, False), (1, True)]
     # The redone epoch 2 drew its loader seeds as the first run did: the generators end alike.
     whole = checkpoint.load(folder / "ckpt-000000012.pt")["rng"][0]["loader"]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PLUGINS_DIR, ROOT
+from support.paths import PLUGINS, ROOT
 
 from hvdtrain.output.claim import claim
 
@@ -16,7 +16,7 @@ JOB = ["--dataset", "load_probe:marked_synthetic", "--synthetic-samples", "64", 
 
 def train(tmp_path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, LOAD_PROBE_FILE=str(tmp_path / "loaded"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS_DIR), os.environ.get("PYTHONPATH")])))
+               **PLUGINS)
     return subprocess.run([sys.executable, "-m", "hvdtrain", *JOB, "--run-dir", str(tmp_path / "runs"), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

@@ -1,13 +1,14 @@
 """One run per folder, with real processes started together: the second gets one line, never the folder."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import ROOT, kill_tree
+from support.paths import ROOT
+from support.processes import kill_tree
+from support.runs import records
 
 JOB = ["--dataset", "synthetic", "--synthetic-samples", "256", "--synthetic-shape", "1,8,8", "--model", "mlp",
        "--hidden", "16", "--threads", "1", "--progress-bar", "off"]
@@ -34,9 +35,9 @@ def test_two_runs_with_the_same_name_started_together_never_share_the_folder(tmp
         # the second came after the first had finished: a new run is refused the folder, a resume has no work
         assert any(why in refused for why in ("is in use by another run", "already holds a run",
                                               "nothing to do: the run already finished 20 of 20 epochs")), refused
-        records = [json.loads(line) for line in (runs / "same" / "metrics.jsonl").read_text().splitlines()]
-        assert [r["kind"] for r in records].count("summary") == 1 and [
-            r["epoch"] for r in records if r["kind"] == "epoch"] == list(range(20))
+        written = records(runs / "same")
+        assert [r["kind"] for r in written].count("summary") == 1 and [
+            r["epoch"] for r in written if r["kind"] == "epoch"] == list(range(20))
         assert not (runs / "same" / ".hvdtrain.lock").exists()
 
 

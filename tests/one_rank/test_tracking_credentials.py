@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PLUGINS_DIR, ROOT, show
+from support.paths import PLUGINS_DIR, ROOT
+from support.processes import show
 from test_tracking_server import mlflow_server  # noqa: F401 - the fixture
 
 pytest.importorskip("mlflow")

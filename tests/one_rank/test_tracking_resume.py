@@ -9,7 +9,9 @@ import sys
 import time
 
 import pytest
-from conftest import EQUIV, PLUGINS_DIR, ROOT, kill_tree, show
+from support.paths import PLUGINS_DIR, ROOT
+from support.processes import kill_tree, show
+from support.runs import EQUIV, records
 
 pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -55,9 +57,9 @@ def test_kill_9_then_resume_auto_continues_the_one_mlflow_run(tmp_path):
     steps = sorted(m.step for m in history)
     # Each logged step once: the steps redone after the last checkpoint are not logged a second time.
     assert steps == list(range(4, summary["steps"] + 1, 4)), steps
-    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    redone = {r["step"] for r in logged if r["kind"] == "train"}
-    assert len([r for r in logged if r["kind"] == "train"]) > len(redone)  # the kill did leave redone steps
+    logged = records(run_dir, "train")
+    redone = {r["step"] for r in logged}
+    assert len(logged) > len(redone)  # the kill did leave redone steps
     epochs = sorted(m.step for m in client.get_metric_history(run_id, "epoch/val_acc"))
     assert len(epochs) == len(set(epochs)) == 3, epochs
     # The second process's samples follow the first one's: one sample per step, none written over.

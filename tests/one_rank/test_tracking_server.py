@@ -13,7 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import BIN, EQUIV, PLUGINS_DIR, ROOT, kill_tree, show
+from support.paths import BIN, PLUGINS_DIR, ROOT
+from support.processes import kill_tree, show
+from support.runs import EQUIV, records
 
 pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -73,10 +75,9 @@ def test_a_run_is_logged_over_http_when_mlflow_tracking_uri_names_a_server(tmp_p
     assert [r.info.run_name for r in runs] == ["over-http"]
     run_id = runs[0].info.run_id
     assert runs[0].data.params["tracking"] == "mlflow"  # auto, resolved by the variable
-    lines = (tmp_path / "runs" / "over-http" / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    written = records(tmp_path / "runs" / "over-http")
     assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")) == sorted(
-        (r["step"], r["loss"]) for r in records if r["kind"] == "train")
+        (r["step"], r["loss"]) for r in written if r["kind"] == "train")
     assert {"config.yaml", "summary.json", "model.safetensors"} <= {a.path for a in client.list_artifacts(run_id)}
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # the server's store, not the embedded one
 
@@ -111,10 +112,9 @@ def test_a_server_killed_mid_run_is_one_warning_and_the_run_finishes_whole(tmp_p
                 kill_tree(proc, 9)
     output = log.read_text()
     assert output.count(WARNING) == 1, output
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert max(r["time"] for r in records if r["kind"] == "train") > killed_at, "the server died after training"
+    assert max(r["time"] for r in records(run_dir, "train")) > killed_at, "the server died after training"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["epochs_run"] == 8 and records[-1]["kind"] == "summary"
+    assert summary["epochs_run"] == 8 and records(run_dir)[-1]["kind"] == "summary"
     assert (run_dir / "model.safetensors").stat().st_size > 0 and (run_dir / "curves.png").exists()
 
 
@@ -139,8 +139,7 @@ def test_a_rollback_logs_its_new_branch_to_a_new_run_linked_to_the_old_one(tmp_p
     assert branch.data.tags["hvdtrain.branch"] == f"{old}@16" and branch.data.tags["mlflow.parentRunId"] == old
     assert branch.info.status == "FINISHED" and client.get_run(old).info.status == "FINISHED"
     # The new branch's own values from the branch point on; the old run keeps the abandoned ones, untouched.
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    redone = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}   # the last record of each step
+    redone = {r["step"]: r["loss"] for r in records(run_dir, "train")}   # the last record of each step
     logged = sorted((m.step, m.value) for m in client.get_metric_history(new, "train/loss"))
     assert logged == sorted((s, pytest.approx(v)) for s, v in redone.items() if s > 16), logged
     assert sorted((m.step, m.value) for m in client.get_metric_history(old, "train/loss")) == before

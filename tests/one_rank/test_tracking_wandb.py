@@ -11,7 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import EQUIV, ROOT, show
+from support.paths import ROOT
+from support.processes import show
+from support.runs import EQUIV
 
 pytest.importorskip("wandb")
 from hvdtrain.tracking import wandb_files  # noqa: E402
@@ -53,9 +55,9 @@ def test_an_offline_run_holds_the_config_every_step_and_the_summary_and_a_resume
     assert summary["val_acc"] == pytest.approx(written["val_acc"]) and summary["steps"] == written["steps"] == 48
     assert kinds[-1] == "exit" and records[-1].exit.exit_code == 0 and "artifact" in kinds
     rows = wandb_files.history(folder / "wandb")
-    train = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    train = records(folder, "train")
     assert [(row["_step"], row["train/loss"]) for row in rows if "train/loss" in row] == [
-        (r["step"], pytest.approx(r["loss"])) for r in train if r["kind"] == "train"]
+        (r["step"], pytest.approx(r["loss"])) for r in train]
     assert [row["epoch/val_acc"] for row in rows if "epoch/val_acc" in row] == [
         pytest.approx(r["val_acc"]) for r in train if r["kind"] == "epoch"]
 

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from support.paths import ROOT
+from support.runs import records
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.errors import UserError
@@ -21,8 +22,7 @@ def test_in_process_run_writes_a_complete_run_directory(tmp_path, one_worker):
     run = tmp_path / "solo"
     assert summary["workers"] == 1 and summary["val_acc"] >= 0.95, summary
     assert yaml.safe_load((run / "config.yaml").read_text()) == config.to_dict()
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    kinds = [r["kind"] for r in records]
+    kinds = [r["kind"] for r in records(run)]
     assert kinds.count("epoch") == 10 and kinds[-1] == "summary"
     # 1,438 training samples at batch 32 -> 45 steps/epoch; a train record every 20 steps.
     assert kinds.count("train") == (10 * 45) // 20
@@ -54,8 +54,7 @@ def test_one_worker_warmup_is_flat_then_cosine_decays(tmp_path, one_worker):
     config = load_config(None, ["--epochs", "2", "--warmup-epochs", "1", "--lr-scaling", "linear",
                                 "--run-dir", str(tmp_path), "--name", "warm", "--log-interval", "1"])
     fit(config)
-    records = [json.loads(line) for line in (tmp_path / "warm" / "metrics.jsonl").read_text().splitlines()]
-    lrs = [r["lr"] for r in records if r["kind"] == "train"]
+    lrs = [r["lr"] for r in records(tmp_path / "warm", "train")]
     # One worker: the scaled LR equals the base LR, so warmup is flat, then cosine decay to ~0.
     assert lrs[:44] == [0.05] * 44
     assert all(a >= b for a, b in itertools.pairwise(lrs)) and lrs[-1] < 0.001

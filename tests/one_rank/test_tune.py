@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from support.paths import ROOT
 from torch import nn
 from torch.utils.data import TensorDataset
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, kill_tree
+from support.paths import ROOT
+from support.processes import kill_tree
 
 from hvdtrain.environment.secrets_file import SECRETS_FILE_ENV
 

@@ -11,7 +11,7 @@ from collections import namedtuple
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from support.paths import ROOT
 from torch.utils.data import IterableDataset, TensorDataset
 from user_models import TinyEncoder, TwoHeads, dict_digits, dict_step, two_heads_loss  # noqa: E402
 

@@ -4,7 +4,7 @@
 
 Per setting (bucket_mb, compression, accumulate): 4 optimizer steps of one seeded model on each rank's own
 data, then the weights, how many allreduces Horovod was handed (submissions: a bucket is one) and the tensors
-and bytes they carried (tests/allreduce_count.py wraps the functions Horovod's optimizer calls).
+and bytes they carried (tests/support/allreduce_count.py wraps the functions Horovod's optimizer calls).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/: the instrumentation
 
-from allreduce_count import count_gradient_allreduces  # noqa: E402
+from support.allreduce_count import count_gradient_allreduces  # noqa: E402
 
 from hvdtrain.distributed import collectives, gradients, runtime  # noqa: E402
 

@@ -23,7 +23,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/: the instrumentation
 
-from allreduce_count import count_gradient_allreduces  # noqa: E402
+from support.allreduce_count import count_gradient_allreduces  # noqa: E402
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.distributed import collectives, gradients, runtime

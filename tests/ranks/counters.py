@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/: the instrumentation
 
-from allreduce_count import count_gradient_allreduces  # noqa: E402
+from support.allreduce_count import count_gradient_allreduces  # noqa: E402
 
 import hvdtrain  # noqa: E402
 from hvdtrain.data.datasets import build_data  # noqa: E402

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
 
 from hvdtrain.cli import compress, hosts, predict, spark, tune
 from hvdtrain.cli.args import Parser

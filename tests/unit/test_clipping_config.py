@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
 
 from hvdtrain.config.train_config import load_config
 from hvdtrain.errors import ConfigError

@@ -16,7 +16,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_docs_checks
+from support.docs import load_docs_checks
+from support.paths import ROOT
 
 pytest.importorskip("mdit_py_plugins", reason="the docs extra is not installed (pip install -e '.[docs]')")
 from mdit_py_plugins.anchors.index import slugify  # noqa: E402  (what MyST's heading anchors use)

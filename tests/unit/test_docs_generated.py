@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from conftest import ROOT, load_docs_checks
+from support.docs import load_docs_checks
+from support.paths import ROOT
 
 checks = load_docs_checks()
 

@@ -15,7 +15,7 @@ import sys
 import time
 from types import SimpleNamespace
 
-from waiting import wait_for
+from support.waiting import wait_for
 
 import hvdtrain.distributed.control_wire as wire
 import hvdtrain.distributed.driver_heartbeat as driver_heartbeat

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
 
 from hvdtrain.environment import process
 from hvdtrain.environment.process import LAUNCHERS, Process, from_env

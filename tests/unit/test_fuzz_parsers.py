@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from conftest import ROOT
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support.paths import ROOT
 
 from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.cli.train import parser as train_parser

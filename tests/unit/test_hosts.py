@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 from horovod.runner.common.util.hosts import parse_host_files, parse_hosts
 from horovod.runner.elastic.discovery import HostDiscoveryScript
+from support.paths import ROOT
 
 from hvdtrain.cluster.allocations import (
     MAX_HOSTS,

@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
 
 PACKAGE = ROOT / "hvdtrain"
 BENCHMARKS = ROOT / "benchmarks"
@@ -404,3 +404,43 @@ def test_the_branch_check_fails_an_elastic_branch_in_the_loop():
               "        if self.streaming:\n            pass\n"
               "    def _run_epoch(self):\n        if self.elastic and 1:\n            self.elastic.commit()\n")
     assert mode_branches(source) == ["__init__:4 self.streaming", "_run_epoch:7 self.elastic and 1"]
+
+
+SHARED_HELPERS = {"assert_same_weights", "final_weights", "horovodrun", "kill_tree", "show", "records", "wait_for"}
+BY_HAND = 'metrics.jsonl")' + ".read_text().splitlines()"    # split: this file is scanned too
+
+
+def helper_misuse(root: Path) -> list[str]:
+    """Test files that import the conftest (it wires fixtures; what tests share is the `support` package), define
+    one of support's helpers again (a module-level function of that name), or parse metrics.jsonl by hand
+    instead of support.runs.records."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        if name.startswith("support/") or path.name == "conftest.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            modules = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                       else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{name}:{node.lineno} imports {m}" for m in modules if m.split(".")[-1] == "conftest"]
+        found += [f"{name}:{node.lineno} defines {node.name} (support has it)" for node in tree.body
+                  if isinstance(node, ast.FunctionDef) and node.name in SHARED_HELPERS]
+        if BY_HAND in path.read_text():
+            found.append(f"{name} parses metrics.jsonl (support.runs.records)")
+    return found
+
+
+def test_tests_import_support_not_the_conftest_and_copy_none_of_its_helpers():
+    assert helper_misuse(ROOT / "tests") == []
+
+
+def test_the_helper_check_fails_a_conftest_import_and_a_copied_helper(tmp_path):
+    (tmp_path / "support").mkdir()
+    (tmp_path / "support" / "runs.py").write_text("def final_weights(run):\n    pass\n")
+    (tmp_path / "test_a.py").write_text("from conftest import ROOT\nimport tests.conftest\n\n\n"
+                                        "def assert_same_weights(a, b):\n    pass\n")
+    (tmp_path / "test_b.py").write_text(f'rows = (run / "{BY_HAND}\n')
+    assert helper_misuse(tmp_path) == ["test_a.py:1 imports conftest", "test_a.py:2 imports tests.conftest",
+                                       "test_a.py:5 defines assert_same_weights (support has it)",
+                                       "test_b.py parses metrics.jsonl (support.runs.records)"]

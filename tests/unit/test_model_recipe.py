@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, show
+from support.paths import ROOT
+from support.processes import show
 from torch import nn
 from user_models import TinyEncoder, TwoHeads, WideMLP  # noqa: E402
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
 
 from hvdtrain.errors import UserError
 from hvdtrain.output import claim

@@ -8,7 +8,7 @@ import re
 import shlex
 
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
 
 PAGE = ROOT / "docs" / "slurm.md"
 RUN_BY = [ROOT / "tests" / "cluster" / "test_slurm.py", ROOT / "tests" / "cluster" / "test_slurm_hosts.py",

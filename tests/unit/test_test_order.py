@@ -1,9 +1,9 @@
-"""The suite's --order option (tests/conftest.py): the same tests, in a reproducible other order."""
+"""The suite's --order option (tests/conftest.py, tests/support/ordering.py): the same tests, in a reproducible
+other order."""
 from types import SimpleNamespace
 
 import pytest
-
-from tests.conftest import group_of, order_items, pytest_xdist_make_scheduler
+from support.ordering import group_of, order_items, scheduler_by_group
 
 
 def _items():
@@ -39,13 +39,14 @@ def test_a_bad_order_is_a_one_line_usage_error(order):
 
 def test_under_loadgroup_each_file_is_one_group_and_the_cluster_tier_one_group():
     """pytest-xdist's own loadgroup no longer groups under pytest 9 (it sets `_nodeid`, which pytest no longer
-    reads): the scheduler conftest.py gives xdist puts the groups where it asks for a test's scope."""
+    reads): the scheduler conftest.py gives xdist (scheduler_by_group) puts the groups where it asks for a test's
+    scope."""
     config = SimpleNamespace(getvalue=lambda name: {"dist": "loadgroup", "tx": ["2*popen"]}.get(name),
                              option=SimpleNamespace(numprocesses=2, maxschedchunk=None),
                              getoption=lambda name, default=None: default)
-    scheduler = pytest_xdist_make_scheduler(config, log=None)
+    scheduler = scheduler_by_group(config, log=None)
     assert scheduler._split_scope("tests/cluster/test_ray.py::test_a") == "cluster"
     assert scheduler._split_scope("tests/cluster/test_slurm.py::test_b[x]") == "cluster"
     assert scheduler._split_scope("tests/unit/test_a.py::test_c[1]") == "tests/unit/test_a.py" == \
         group_of("tests/unit/test_a.py::test_d")
-    assert pytest_xdist_make_scheduler(SimpleNamespace(getvalue=lambda name: "load"), log=None) is None
+    assert scheduler_by_group(SimpleNamespace(getvalue=lambda name: "load"), log=None) is None

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from waiting import wait_for
+from support.waiting import wait_for
 
 from hvdtrain.distributed import control_wire, horovod_rendezvous, horovod_runner
 from hvdtrain.distributed.control_wire import FROM_DRIVER, MAX_DATAGRAM, TO_DRIVER

@@ -3,7 +3,7 @@
 Two shapes, one class:
 - one node on loopback (`running_slurm()`): `NodeName=hvdtnode NodeAddr=127.0.0.1`, every daemon in the
   root network namespace;
-- one node per network-namespace host of tests/netns_cluster.py (`running_slurm_hosts(2)`): slurmctld in
+- one node per network-namespace host of tests/support/netns_cluster.py (`running_slurm_hosts(2)`): slurmctld in
   the launcher namespace (reachable from every host over the bridge), one slurmd per host namespace with its
   own NodeName (host1, host2...), NodeAddr (the host's bridge address), spool, pid, log and tmp folder. Each
   slurmd runs under `nsenter --net` (not `ip netns exec`, which remounts /sys and hides the cgroup mounts
@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from netns_cluster import SSH_PORT, NamespaceCluster, running_cluster
-from waiting import wait_for
+
+from .netns_cluster import SSH_PORT, NamespaceCluster, running_cluster
+from .waiting import wait_for
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"

@@ -1,6 +1,6 @@
 """Several real hosts on one machine: network namespaces on a bridge, one sshd per host.
 
-Used by the cluster tests and by benchmarks/network.py (imported as tests.netns_cluster). Each host
+Used by the cluster tests and by benchmarks/network.py (imported as tests.support.netns_cluster). Each host
 namespace runs its own /usr/sbin/sshd under `unshare --uts` (so it has its own host name); a
 launcher namespace runs horovodrun. Only addresses inside our own namespaces are used (10.77.0.0/24
 on a bridge with no address in the root namespace, so nothing is routed anywhere else). Keys live

@@ -1,4 +1,4 @@
-"""`python tests/control_attacker.py ROOT_PID REPORT.json [--tcp MARKER] [--key-from DIR]`: attack a running job
+"""`python tests/support/control_attacker.py ROOT_PID REPORT.json [--tcp MARKER] [--key-from DIR]`: attack a running job
 from outside it.
 
 UDP (hvdtrain's control plane): while ROOT_PID lives, it finds every UDP socket of ROOT_PID and its descendants

@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import BIN, ROOT
+
 HEAD_IP = "127.0.0.10"
 
 
