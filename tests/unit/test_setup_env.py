@@ -33,9 +33,12 @@ def commands(proc: subprocess.CompletedProcess) -> list[str]:
 def test_torch_index_applies_to_the_torch_install_only(tmp_path):
     proc = setup_env(tmp_path, TORCH_INDEX_URL=CU128)
     assert proc.returncode == 0, proc.stderr
-    torch, extras, horovod = commands(proc)
+    torch, extras, s3_server, horovod = commands(proc)
     assert torch.endswith(f"install --index-url {CU128} torch==2.13.0")
     assert "install -e .[" in extras and "--index-url" not in extras
+    # The tests' S3 server goes in a virtualenv of its own, whose pins never meet the project's.
+    server_python = tmp_path / "venv" / "moto-server" / "bin" / "python"
+    assert s3_server == f"+ {server_python} -m pip --disable-pip-version-check -q install moto[server]==5.2.5"
     assert "install-horovod" in horovod and "--index-url" not in horovod
     assert not (tmp_path / "venv").exists(), "a dry run created the venv"
 

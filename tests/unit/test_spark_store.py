@@ -3,14 +3,14 @@
 Every test runs on `NoRename`, a real pyarrow filesystem (a PyFileSystem over the local disk) whose
 `move` raises as S3 and GCS do for folders: a store that renamed anything would fail here. The crash
 tests kill a writer process (SIGKILL) at each step and check that the next fit of the same key
-succeeds and reads exactly the complete rows.
+succeeds and reads exactly the complete rows. One test runs the store on a real S3 server on loopback (moto's
+standalone server from its own virtualenv, support.s3_server) through pyarrow's S3FileSystem, as fit opens it.
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from support.s3_server import running_s3_server
 
 from hvdtrain.errors import UserError
 from hvdtrain.spark import store
@@ -112,7 +113,7 @@ def entries(root: Path) -> list[str]:
 
 CHILD = """
 import os, signal, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {support!r}]      # the test module, and the support package it imports
 import test_spark_store as t
 from hvdtrain.spark import store, store_keys
 
@@ -126,8 +127,9 @@ store.ensure_key(fs, root, t.KEY, lambda folder: t.write_rows(fs, folder, die_af
 
 
 def crash_at(root: Path, step: str) -> None:
-    child = subprocess.run([sys.executable, "-c", CHILD.format(tests=str(Path(__file__).parent)), str(root), step],
-                           capture_output=True, text=True, timeout=60)
+    here = Path(__file__).parent
+    child = subprocess.run([sys.executable, "-c", CHILD.format(tests=str(here), support=str(here.parent)), str(root),
+                            step], capture_output=True, text=True, timeout=60)
     assert child.returncode == -signal.SIGKILL, (step, child.returncode, child.stderr[-2000:])
 
 
@@ -234,32 +236,28 @@ def test_the_marker_is_written_in_one_put(tmp_path, monkeypatch):
     assert puts == [f"{root}/{FOLDER}/{KEY}/{MARKER}"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture
+def s3_endpoint(tmp_path):
+    """moto's S3 server on 127.0.0.1 (support.s3_server: its own virtualenv, made by make setup), for this test."""
+    with running_s3_server(tmp_path / "moto_server.log") as endpoint:
+        yield endpoint
 
 
-def test_on_an_s3_server_through_the_store_url(tmp_path):
-    """moto's S3 server on 127.0.0.1 and pyarrow's own S3FileSystem, opened from the store URL as fit does."""
-    server = pytest.importorskip("moto.server", reason="moto[server] not installed: no S3 server to test against")
-    port = _free_port()
-    s3 = server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    s3.start()
-    try:
-        url = f"s3://key:secret@bucket/store?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-        fs, root = store.filesystem_of(url)
-        assert fs.type_name == "s3"
-        pafs.S3FileSystem(access_key="key", secret_key="secret", endpoint_override=f"127.0.0.1:{port}", scheme="http",
-                          region="us-east-1", allow_bucket_creation=True).create_dir("bucket")
-        fs.create_dir(f"{root}/{FOLDER}/{KEY}/attempt-crashed/{VAL_FLAG}=false")   # a crashed attempt's leftovers
-        with fs.open_output_stream(f"{root}/{FOLDER}/{KEY}/attempt-crashed/{VAL_FLAG}=false/part.parquet") as out:
-            out.write(b"half a file")
-        meta, reused = ensure_key(fs, root, KEY, lambda folder: write_rows(fs, folder), ["x"], ["y"], 0.2)
-        assert not reused and ids_of(fs, meta["train_files"]) == TRAIN and ids_of(fs, meta["val_files"]) == VAL
-        listing = fs.get_file_info(pafs.FileSelector(f"{root}/{FOLDER}/{KEY}"))
-        assert sorted(i.base_name for i in listing) == sorted([meta["attempt"], MARKER])
-        again, reused = ensure_key(fs, root, KEY, pytest.fail, ["x"], ["y"], 0.2)
-        assert reused and again == meta
-    finally:
-        s3.stop()
+def test_on_an_s3_server_through_the_store_url(s3_endpoint):
+    """moto's S3 server and pyarrow's own S3FileSystem, opened from the store URL as fit does."""
+    url = f"s3://key:secret@bucket/store?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1"
+    fs, root = store.filesystem_of(url)
+    assert fs.type_name == "s3"
+    pafs.S3FileSystem(access_key="key", secret_key="secret", endpoint_override=s3_endpoint, scheme="http",
+                      region="us-east-1", allow_bucket_creation=True).create_dir("bucket")
+    fs.create_dir(f"{root}/{FOLDER}/{KEY}/attempt-crashed/{VAL_FLAG}=false")   # a crashed attempt's leftovers
+    with fs.open_output_stream(f"{root}/{FOLDER}/{KEY}/attempt-crashed/{VAL_FLAG}=false/part.parquet") as out:
+        out.write(b"half a file")
+    meta, reused = ensure_key(fs, root, KEY, lambda folder: write_rows(fs, folder), ["x"], ["y"], 0.2)
+    assert not reused and ids_of(fs, meta["train_files"]) == TRAIN and ids_of(fs, meta["val_files"]) == VAL
+    listing = fs.get_file_info(pafs.FileSelector(f"{root}/{FOLDER}/{KEY}"))
+    assert sorted(i.base_name for i in listing) == sorted([meta["attempt"], MARKER])
+    again, reused = ensure_key(fs, root, KEY, pytest.fail, ["x"], ["y"], 0.2)
+    assert reused and again == meta
+    with pytest.raises(OSError):       # and S3 has no folder rename, as NoRename stands in for everywhere else
+        fs.move(f"{root}/{FOLDER}/{KEY}/{meta['attempt']}", f"{root}/{FOLDER}/{KEY}/renamed")
