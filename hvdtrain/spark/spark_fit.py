@@ -155,7 +155,7 @@ def fit(config_or_fn: TrainConfig | Callable[..., Any] | Any = None, *args: Any,
                              validation=validation, store=store, num_proc=num_proc, run_id=run_id,
                              partitions=partitions, row_group_mb=row_group_mb, loss_fn=loss_fn,
                              metrics=metrics, launch=launch, overrides=kwargs)
-    fn, args = target(config_or_fn, args, "hvdtrain.spark.spark_fit.fit")
+    fn, args = target(config_or_fn, args, "hvdtrain.spark.fit")
     return _on_spark(fn, args, kwargs, num_proc, spark, all_ranks, start_timeout, network_interfaces, env)
 
 

@@ -295,7 +295,7 @@ def settings_sections(package: Path) -> dict[str, Path]:
     return found
 
 
-COMPONENT_PACKAGES = ("train", "output", "data")   # where the Trainer's components live (tuning has its own)
+COMPONENT_PACKAGES = ("train", "checkpoint", "output", "data")   # where the Trainer's components live (tuning: its own)
 
 
 def settings_reaches(package: Path, picker: Path) -> list[str]:
