@@ -1,6 +1,6 @@
 """Start horovodrun as a child process with credentials kept off every command line (`hvdtrain launch`, tune jobs).
 
-horovodrun copies its whole environment onto the workers' command lines under Gloo (see secrets.py),
+horovodrun copies its whole environment onto the workers' command lines under Gloo (see environment/secrets_file.py),
 so the environment handed to it holds no credential: those go into a 0600 file whose path alone is
 forwarded (HVDTRAIN_SECRETS_FILE), and `python -m hvdtrain` on each worker loads it before anything else.
 """

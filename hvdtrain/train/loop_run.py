@@ -269,7 +269,7 @@ class ElasticRun:
         if final.exists():
             return True
         # This rank's per-rank states alone (not the loader's RNG: training moved it on after the commit); the file
-        # reads as a one-worker run (see resume.py).
+        # reads as a one-worker run (see checkpoint/resume.py).
         path = self.checkpointer.save(self.hooks.state(p, False), p.step, replace=False)
         if path is not None:
             console.error(f"note: {why}: rank {self.rank} saved the last commit (step {p.step}) to {path}")

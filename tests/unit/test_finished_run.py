@@ -1,4 +1,4 @@
-"""`train.finished_run`: a run directory, its model.pt or a checkpoint read back into the trained model,
+"""`trained.finished_run`: a run directory, its model.pt or a checkpoint read back into the trained model,
 and `checkpoint.read_weights` reading a file once."""
 from __future__ import annotations
 
