@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import torch
 
+from hvdtrain.distributed import horovod_optimizer
 from hvdtrain.distributed.gradients import send_unfinished_buckets
 from hvdtrain.distributed.runtime import hvd
 from hvdtrain.distributed.wait import wait_quietly
@@ -33,7 +34,7 @@ def can_step_by_bucket(optimizer: Any) -> bool:
     """Whether `optimizer` (Horovod's DistributedOptimizer, just wrapped) may step bucket by bucket: buckets (which
     Horovod forms only with several ranks), a per-parameter optimizer, every trainable parameter in a bucket. Step
     hooks, which can be added later, are for has_step_hooks() at each step."""
-    groups = getattr(optimizer, "_group_counts", None)
+    groups = horovod_optimizer.bucket_groups(optimizer)
     if not groups or os.environ.get("HVDTRAIN_STEP_BY_BUCKET", "1") == "0":
         return False
     user_class = type(optimizer).__mro__[1]   # Horovod's wrapper is a subclass of the user's optimizer's class
@@ -52,7 +53,7 @@ def step_by_bucket(optimizer: Any, first: tuple[torch.nn.Parameter, ...] | None,
     Returns may_step's answer.
     """
     send_unfinished_buckets(optimizer)
-    handles: dict[Any, tuple[Any, Any]] = optimizer._handles
+    handles = horovod_optimizer.in_flight(optimizer)
     order: list[tuple[torch.nn.Parameter, ...]] = [first] if first is not None and first in handles else []
     order += [key for key in handles if key is not first]
     everyone = [p for group in optimizer.param_groups for p in group["params"]]
@@ -73,12 +74,8 @@ def step_by_bucket(optimizer: Any, first: tuple[torch.nn.Parameter, ...] | None,
 def _take_result(optimizer: Any, bucket: tuple[torch.nn.Parameter, ...], handle: Any, ctx: Any) -> None:
     # What Horovod's synchronize() does for one grouped handle.
     wait_quietly([handle])
-    outputs = hvd.synchronize(handle)
-    # The first bucket's outputs end with the loss flag, which is no parameter's (strict=False leaves it).
-    for param, output, param_ctx in zip(bucket, outputs, ctx, strict=False):
-        optimizer._allreduce_delay[param] = optimizer.backward_passes_per_step
-        cast(torch.Tensor, param.grad).set_(optimizer._compression.decompress(output, param_ctx))
-    optimizer._group_counts[bucket] = 0
+    # The first bucket's outputs end with the loss flag, which is no parameter's (bucket_received leaves it).
+    horovod_optimizer.bucket_received(optimizer, bucket, hvd.synchronize(handle), ctx)
 
 
 def _step_only(optimizer: Any, bucket: tuple[torch.nn.Parameter, ...], everyone: list[torch.nn.Parameter]) -> None:

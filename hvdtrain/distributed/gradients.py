@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import torch
 
-from hvdtrain.distributed import wire
+from hvdtrain.distributed import horovod_optimizer, wire
 from hvdtrain.distributed.runtime import hvd, native_bf16
 from hvdtrain.distributed.wait import wait_quietly
 from hvdtrain.errors import UserError
@@ -82,7 +82,7 @@ class GradientViews:
     """One flat buffer per bucket, each gradient a view of its slice (DDP's gradient_as_bucket_view).
 
     Backward then adds each gradient into its slice in place, so a bucket's gradients lie back to back in memory,
-    in the bucket's order, and hvdtrain's patched Horovod allreduces them there (scripts/horovod_perf.py): no copy
+    in the bucket's order, and hvdtrain's patched Horovod allreduces them there (scripts/horovod/patches, 0010): no copy
     into its fusion buffer and out again on the background thread. Correct either way: a Horovod without the patch,
     or a gradient that is no longer a view (replaced by user code), takes the fusion buffer as before.
     """
@@ -134,10 +134,9 @@ def scale_before_sending(optimizer: Any) -> None:
     with it: `optimizer.loss_flag_slot` is where the loop writes the flag before backward.
     """
     scale = 1.0 / hvd.size()
-    names = optimizer._parameter_names
     views = getattr(optimizer, "gradient_views", None)
     # Horovod's group of the first bucket (its parameters that the optimizer holds; filled only with several ranks).
-    first = optimizer._p_to_group.get(views.groups[0][0]) if views is not None else None
+    first = horovod_optimizer.bucket_of(optimizer, views.groups[0][0]) if views is not None else None
     flag = views.flag if views is not None and (first is not None or hvd.size() == 1) else None
 
     def grouped_allreduce_grad_async(params: tuple[torch.nn.Parameter, ...]) -> tuple[Any, list[None]]:
@@ -147,11 +146,11 @@ def scale_before_sending(optimizer: Any) -> None:
             torch._foreach_mul_(grads, scale)   # Horovod: each worker's share of the average, before sending
         if flag is not None and params is first:
             grads.append(flag)                  # Horovod: NaN if any rank's loss was not finite, else 0
-        handle = hvd.grouped_allreduce_async_(grads, name=names.get(params[0]), op=hvd.Sum,
-                                              process_set=optimizer.process_set)
-        return handle, [None] * len(params)
+        handle = hvd.grouped_allreduce_async_(grads, name=horovod_optimizer.parameter_name(optimizer, params[0]),
+                                              op=hvd.Sum, process_set=optimizer.process_set)
+        return handle, [None] * len(params)   # no compression: nothing for decompress
 
-    optimizer._grouped_allreduce_grad_async = grouped_allreduce_grad_async
+    horovod_optimizer.replace_bucket_send(optimizer, grouped_allreduce_grad_async)
     optimizer.loss_flag_op = hvd.Sum
     optimizer.loss_flag_slot, optimizer.loss_flag_bucket = flag, first
 
@@ -173,8 +172,8 @@ def steps_in_backward(op: str) -> bool:
 def synchronize_gradients(optimizer: Any) -> None:
     """DistributedOptimizer.synchronize(), after sleeping until this step's gradient allreduces are done."""
     send_unfinished_buckets(optimizer)
-    # Horovod's wrapper keeps {param or group: (handle, ctx)}; a None or callable handle is not an op in flight.
-    in_flight = getattr(optimizer, "_handles", {}).values()
+    # A None or callable handle is not an op in flight.
+    in_flight = horovod_optimizer.in_flight(optimizer).values()
     wait_quietly(handle for handle, _ in in_flight if isinstance(handle, int))
     optimizer.synchronize()
 
@@ -187,15 +186,11 @@ def send_unfinished_buckets(optimizer: Any) -> None:
     peers' grouped allreduce: a model whose ranks use different parameters in a step stalled. Per tensor,
     Horovod likewise sends zeros for a parameter without a gradient, so the average is the same.
     """
-    groups, handles = getattr(optimizer, "_group_counts", None), getattr(optimizer, "_handles", None)
-    if not groups or handles is None:
-        return
-    for group in groups:
+    handles = horovod_optimizer.in_flight(optimizer)
+    for group in horovod_optimizer.bucket_groups(optimizer):
         if group in handles:   # its hooks sent it
             continue
         for param in group:
-            handles.pop(param, None)
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        handles[group] = optimizer._grouped_allreduce_grad_async(group)
-        groups[group] = 0
+        horovod_optimizer.send_bucket(optimizer, group)

@@ -131,7 +131,7 @@ def compile_wheel(python: str, src: Path, out: Path, env: dict[str, str], log: P
     if run([python, "-m", "pip", "install", "setuptools", "wheel"], log).returncode != 0:
         raise InstallError(f"pip could not install setuptools/wheel for the build; full log: {log}")
     say(f"compiling horovod {HOROVOD_VERSION} (C++: core, gloo, torch extension). "
-        f"This takes about 4-10 minutes on 2 cores (longer when the machine is busy) and happens once per "
+        f"This takes 2-10 minutes on 2 cores (docs/install.md#how-long-the-horovod-build-takes) and happens once per "
         f"torch/Python version; log: {log}")
     done = threading.Event()
     start = time.monotonic()

@@ -16,7 +16,7 @@ import sys
 import torch
 from torch import nn
 
-from hvdtrain.distributed import collectives, gradients, runtime
+from hvdtrain.distributed import collectives, gradients, horovod_optimizer, runtime
 from hvdtrain.train.optimizer_step import OptimizerStep
 from hvdtrain.train.precision import Precision, PrecisionSettings
 from hvdtrain.train.progress import Progress
@@ -67,7 +67,7 @@ def train(kind: str, by_bucket: bool) -> dict:
     finally:
         base.step = plain_step
     return {"weights": weights, "calls": len(calls), "skipped": p.skipped,
-            "buckets": len(optimizer._group_counts)}
+            "buckets": len(horovod_optimizer.bucket_groups(optimizer))}
 
 
 world = runtime.init()

@@ -1,5 +1,5 @@
 """Rank script for tests/multirank/test_exchange_allreduce.py: sums on 2 ranks as one exchange
-(HOROVOD_EXCHANGE_ALLREDUCE, scripts/horovod_perf.py) give the ring's results, and how many writes Horovod's and
+(HOROVOD_EXCHANGE_ALLREDUCE, scripts/horovod/patches, 0009) give the ring's results, and how many writes Horovod's and
 Gloo's threads make per small allreduce."""
 import os
 import threading

@@ -1,5 +1,5 @@
 """Rank script for tests/multirank/test_idle_cycles.py: collectives stay right when idle ranks wait for work
-(HOROVOD_IDLE_CYCLE_TIME, scripts/horovod_perf.py), and what Horovod's threads cost while nothing is queued."""
+(HOROVOD_IDLE_CYCLE_TIME, scripts/horovod/patches, 0008), and what Horovod's threads cost while nothing is queued."""
 import os
 import threading
 import time

@@ -93,3 +93,23 @@ def test_a_bfloat16_first_bucket_has_no_flag_element():
     net = nn.Linear(4, 4).to(torch.bfloat16)
     views = GradientViews(buckets(net.parameters(), 25.0))
     assert views.flag is None and views.flats[0].numel() == 20
+
+
+def test_the_optimizer_adapter_refuses_another_horovod_in_one_line_naming_both_versions(monkeypatch):
+    """Horovod's DistributedOptimizer internals that buckets use were read from one version (issue 55): under
+    another, the first touch of them is refused, not a wrong gradient."""
+    import threading
+
+    from hvdtrain.distributed import horovod_optimizer, horovod_runner
+    from hvdtrain.errors import UserError
+
+    optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    monkeypatch.setattr(horovod_optimizer, "_checked", threading.Event())
+    monkeypatch.setattr(horovod_runner, "WRITTEN_FOR", "0.27.0")
+    with pytest.raises(UserError) as refused:
+        horovod_optimizer.bucket_groups(optimizer)
+    message = str(refused.value)
+    assert "\n" not in message and f"Horovod {horovod_runner.version()} is installed" in message
+    assert "Horovod 0.27.0's" in message
+    monkeypatch.setattr(horovod_runner, "WRITTEN_FOR", horovod_runner.version())
+    assert horovod_optimizer.bucket_groups(optimizer) == [] and horovod_optimizer.in_flight(optimizer) == {}
