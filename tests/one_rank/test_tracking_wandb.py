@@ -13,7 +13,7 @@ import sys
 import pytest
 from support.paths import ROOT
 from support.processes import show
-from support.runs import EQUIV
+from support.runs import EQUIV, records
 
 pytest.importorskip("wandb")
 from hvdtrain.tracking import wandb_files  # noqa: E402
@@ -41,25 +41,24 @@ def test_an_offline_run_holds_the_config_every_step_and_the_summary_and_a_resume
     assert saved["tracker"] == "wandb" and saved["mode"] == "offline"
     assert f"W&B run {saved['run_id']} (offline" in first.stdout, show(first)
     [offline] = [p for p in (folder / "wandb").glob("offline-run-*") if not p.is_symlink()]  # for `wandb sync`
-    records = list(wandb_files.records(offline / f"run-{saved['run_id']}.wandb"))
-    kinds = [r.WhichOneof("record_type") for r in records]
-    [started] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    logged = list(wandb_files.records(offline / f"run-{saved['run_id']}.wandb"))
+    kinds = [r.WhichOneof("record_type") for r in logged]
+    [started] = [r.run for r in logged if r.WhichOneof("record_type") == "run"]
     config = {item.key: json.loads(item.value_json) for item in started.config.update}
     assert started.display_name == "wb" and started.project == "hvdtrain"
     assert config["lr"] == "0.05" and config["tracking"] == "wandb" and config["hvdtrain"]["workers"] == "1"
     summary = {}
-    for r in records:
+    for r in logged:
         if r.WhichOneof("record_type") == "summary":
             summary.update({item.key: json.loads(item.value_json) for item in r.summary.update if item.key})
     written = json.loads((folder / "summary.json").read_text())
     assert summary["val_acc"] == pytest.approx(written["val_acc"]) and summary["steps"] == written["steps"] == 48
-    assert kinds[-1] == "exit" and records[-1].exit.exit_code == 0 and "artifact" in kinds
+    assert kinds[-1] == "exit" and logged[-1].exit.exit_code == 0 and "artifact" in kinds
     rows = wandb_files.history(folder / "wandb")
-    train = records(folder, "train")
     assert [(row["_step"], row["train/loss"]) for row in rows if "train/loss" in row] == [
-        (r["step"], pytest.approx(r["loss"])) for r in train]
+        (r["step"], pytest.approx(r["loss"])) for r in records(folder, "train")]
     assert [row["epoch/val_acc"] for row in rows if "epoch/val_acc" in row] == [
-        pytest.approx(r["val_acc"]) for r in train if r["kind"] == "epoch"]
+        pytest.approx(r["val_acc"]) for r in records(folder, "epoch")]
 
     # A crash-resume from the newest checkpoint (48) to 4 epochs: the same run goes on, each step once.
     second = run(["--resume", "auto", "--epochs", "4"], tmp_path)
