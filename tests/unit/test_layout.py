@@ -521,3 +521,60 @@ def test_the_helper_check_fails_a_conftest_import_and_a_copied_helper(tmp_path):
     assert helper_misuse(tmp_path) == ["test_a.py:1 imports conftest", "test_a.py:2 imports tests.conftest",
                                        "test_a.py:5 defines assert_same_weights (support has it)",
                                        "test_b.py parses metrics.jsonl (support.runs.records)"]
+
+
+# Issue 55: hvdtrain's changes to Horovod are the unified diffs of scripts/horovod/patches, applied by `patch -p1
+# --forward --fuzz=0` in the order of its `series` (scripts/horovod/install_build.py), never Python string edits.
+SCRIPTS = ROOT / "scripts"
+STRING_EDIT_HELPERS = ("patch_text", "apply_cxx17_fix", "apply_gcc13_fix", "apply_bf16", "apply_perf",
+                       "BF16_PATCHES", "PERF_PATCHES", "HEADER_PATCHES", "PATCHES", "patch_set_hash")
+
+
+def patched_files(patch_dir: Path) -> set[str]:
+    """The Horovod files the patches edit (`+++ b/<path>`)."""
+    return {line[len("+++ b/"):].split("\t")[0].strip() for patch in patch_dir.glob("*.patch")
+            for line in patch.read_text().splitlines() if line.startswith("+++ b/")}
+
+
+def horovod_string_edits(scripts: Path) -> list[str]:
+    """Python under `scripts` that names a C++ or CMake file of Horovod's that a patch edits (an anchor to paste
+    text at), or defines a helper of the string edits the patch files replaced."""
+    native = {rel for rel in patched_files(scripts / "horovod" / "patches") if not rel.endswith(".py")}
+    anchors = native | {Path(rel).name for rel in native}
+    found = []
+    for path in sorted(scripts.rglob("*.py")):
+        text, rel = path.read_text(), path.relative_to(scripts)
+        tree = ast.parse(text)
+        defined = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {target.id for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                    if isinstance(target, ast.Name)}
+        found += [f"{rel}: names {anchor}" for anchor in sorted(anchors) if anchor in text]
+        found += [f"{rel}: defines {name}" for name in STRING_EDIT_HELPERS if name in defined]
+    return found
+
+
+def test_horovod_is_patched_from_patch_files_only():
+    assert horovod_string_edits(SCRIPTS) == []
+    patch_dir = SCRIPTS / "horovod" / "patches"
+    listed = [line.strip() for line in (patch_dir / "series").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    assert sorted(listed) == sorted(path.name for path in patch_dir.iterdir() if path.name != "series")
+    assert "gloo_operations.cc" in str(patched_files(patch_dir))        # the C++ lives in the patches
+    applier = (SCRIPTS / "horovod" / "install_build.py").read_text()
+    assert '"patch", "-p1", "--forward", "--fuzz=0"' in applier
+    long = {str(p.relative_to(ROOT)): n for p in SCRIPTS.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, long
+
+
+def test_the_patch_file_check_fails_a_python_string_edit_of_horovod(tmp_path):
+    scripts = tmp_path / "scripts"
+    (scripts / "horovod" / "patches").mkdir(parents=True)
+    (scripts / "horovod" / "patches" / "0001-x.patch").write_text(
+        "From: x\n---\n--- a/horovod/common/ops/gloo_operations.cc\n+++ b/horovod/common/ops/gloo_operations.cc\n")
+    (scripts / "install_horovod.py").write_text("def install():\n    return 1\n")
+    assert horovod_string_edits(scripts) == []
+    (scripts / "horovod_perf.py").write_text('PERF_PATCHES = {"horovod/common/ops/gloo_operations.cc": ()}\n')
+    assert horovod_string_edits(scripts) == [
+        "horovod_perf.py: names gloo_operations.cc", "horovod_perf.py: names horovod/common/ops/gloo_operations.cc",
+        "horovod_perf.py: defines PERF_PATCHES"]
