@@ -2,6 +2,7 @@
 
 The public API, for scripts and notebooks:
     Trainer, fit, launch, tune, compress, load_config, TrainConfig, History; errors in hvdtrain.errors;
+    prepare, save, load for a training loop of your own (docs/migrating.md);
     Spark in hvdtrain.spark (fit); Ray in hvdtrain.ray (fit).
 
 Where things live: config/ (the one config), data/, models/, train/ (the loop), distributed/ (the one
@@ -34,20 +35,23 @@ def _take_secrets(environ: Any) -> str | None:
 run_start.use_secrets_reader(_take_secrets)
 
 __version__ = "0.1.0"
-__all__ = ["Trainer", "fit", "launch", "tune", "compress", "load_config", "TrainConfig", "History"]
+__all__ = ["Trainer", "fit", "launch", "tune", "compress", "load_config", "TrainConfig", "History", "prepare", "save",
+           "load"]
 
 if TYPE_CHECKING:  # what IDEs and mypy see; at run time the names load on first use (below)
     from hvdtrain.compression.compress_api import compress
     from hvdtrain.config.train_config import TrainConfig, load_config
     from hvdtrain.launcher.local import launch
     from hvdtrain.output.history import History
+    from hvdtrain.train.own_loop import load, prepare, save
     from hvdtrain.train.trainer import Trainer, fit
     from hvdtrain.tuning.tune_api import tune
 
 _HOME = {"Trainer": "hvdtrain.train.trainer", "fit": "hvdtrain.train.trainer",
          "launch": "hvdtrain.launcher.local", "load_config": "hvdtrain.config.train_config",
          "TrainConfig": "hvdtrain.config.train_config", "History": "hvdtrain.output.history",
-         "tune": "hvdtrain.tuning.tune_api", "compress": "hvdtrain.compression.compress_api"}
+         "tune": "hvdtrain.tuning.tune_api", "compress": "hvdtrain.compression.compress_api",
+         "prepare": "hvdtrain.train.own_loop", "save": "hvdtrain.train.own_loop", "load": "hvdtrain.train.own_loop"}
 
 
 def __getattr__(name: str) -> Any:

@@ -72,13 +72,18 @@ def save(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob(".ckpt-*.tmp"):  # left by a writer that was killed; only rank 0 writes
         stale.unlink(missing_ok=True)
-    final = directory / file_name(step, payload.get("progress", {}).get("branch", 0))
-    delay = float(os.environ.get(WRITE_DELAY_ENV, "0") or 0)
-    atomic_write(final, lambda handle: torch.save({"format": FORMAT, **payload}, handle),
-                 before_replace=(lambda: time.sleep(delay)) if delay else None)
+    final = write(directory / file_name(step, payload.get("progress", {}).get("branch", 0)), payload)
     for old in candidates(directory)[keep:]:
         old.unlink(missing_ok=True)
     return final
+
+
+def write(final: Path, payload: dict[str, Any]) -> Path:
+    """One checkpoint file at `final`, atomically, with the format marker: save()'s files, and hvdtrain.save's
+    (a loop of the user's own names its file)."""
+    delay = float(os.environ.get(WRITE_DELAY_ENV, "0") or 0)
+    return atomic_write(final, lambda handle: torch.save({"format": FORMAT, **payload}, handle),
+                        before_replace=(lambda: time.sleep(delay)) if delay else None)
 
 
 def save_new(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path | None:

@@ -90,3 +90,11 @@ def build_loader(data: Any, sampler: Sampler[Any] | None, settings: LoadingSetti
     batch_size = user.batch_size if user is not None else settings.batch_size
     collate = user.collate_fn if user is not None else None
     return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate, **options)
+
+
+def rebuild_user_loader(data: Any, sampler: ShardSampler, user: LoaderSettings, *, seed: int, rank: int,
+                        device: torch.device) -> DataLoader:
+    """A user's DataLoader again, over `sampler`'s shard: everything it says about loading kept (batch size,
+    collate_fn, workers...), its generator seeded from (seed, rank) where it had none (hvdtrain.prepare)."""
+    settings = LoadingSettings(seed, user.batch_size, int(user.options.get("num_workers") or 0), 2, False, "spawn")
+    return build_loader(data, sampler, settings, rank, device, user)
