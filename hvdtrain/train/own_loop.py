@@ -97,8 +97,8 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *loaders: 
         seed: the shuffle order's seed, the same on every worker; default the Trainer's.
         device: "auto", "cpu" or "cuda".
     Returns:
-        (model, optimizer, *loaders): the model on its device, Horovod's DistributedOptimizer around `optimizer`,
-        a ShardedLoader for each loader.
+        A tuple: the model on its device, Horovod's DistributedOptimizer around `optimizer`, then a ShardedLoader
+        for each loader, in their order.
     Example:
         >>> model, optimizer, train_loader = hvdtrain.prepare(model, optimizer, train_loader)
         >>> for epoch in range(epochs):
@@ -106,9 +106,10 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *loaders: 
         ...     for inputs, targets in train_loader: ...
     """
     defaults = TrainConfig()
-    values = {"lr_scaling": lr_scaling, "bucket_mb": defaults.bucket_mb if bucket_mb is None else bucket_mb,
-              "compression": compression, "accumulate": accumulate,
-              "seed": defaults.seed if seed is None else seed, "device": device}
+    values: dict[str, Any] = {
+        "lr_scaling": lr_scaling, "bucket_mb": defaults.bucket_mb if bucket_mb is None else bucket_mb,
+        "compression": compression, "accumulate": accumulate, "seed": defaults.seed if seed is None else seed,
+        "device": device}
     try:
         config = TrainConfig(**values)    # the Trainer's checks of each value, one line each
     except (TypeError, ValueError, UserError) as err:
@@ -124,7 +125,7 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *loaders: 
         group["lr"] *= scale       # Horovod: a global batch `size` times larger takes a larger step
     first_lr = optimizer.param_groups[0]["lr"] if optimizer.param_groups else 0.0
     console.line(f"hvdtrain: lr {first_lr / scale:g} -> {first_lr:g} ({config.lr_scaling} scaling over "
-                 f"{world.size} workers; lr_scaling='none' keeps it)")
+                 f"{world.size} worker{'s' * (world.size != 1)}; lr_scaling='none' keeps it)")
     # Horovod: gradients averaged across workers as backward produces them, in the Trainer's buckets.
     wrapped: Any = gradients.wrap_optimizer(optimizer, model, accumulate=config.accumulate,
                                             compression=config.compression, bucket_mb=config.bucket_mb)

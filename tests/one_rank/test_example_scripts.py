@@ -48,7 +48,7 @@ def test_the_own_script_trains_on_one_worker_and_takes_config_keys(tmp_path: Pat
     assert not undocumented({key for r in written for key in r}), "describe them in docs/reference/run-folder.md"
 
 
-@pytest.mark.parametrize("before", ["train_horovod.py", "train_ddp.py"])
+@pytest.mark.parametrize("before", ["train_horovod.py", "train_ddp.py", "train_plain.py"])
 def test_a_migration_before_script_runs(before: str, tmp_path: Path) -> None:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"] if "ddp" in before else \
         [sys.executable]
@@ -62,3 +62,12 @@ def test_the_migration_after_script_trains(tmp_path: Path) -> None:
     assert done.returncode == 0, show(done)
     per_epoch = epochs(tmp_path / "runs" / "after")
     assert len(per_epoch) == 3 and per_epoch[-1]["train_acc"] > 0.8, per_epoch
+
+
+def test_the_own_loop_after_script_trains_and_a_second_run_resumes_after_its_last_epoch(tmp_path: Path) -> None:
+    """hvdtrain.prepare keeps the loop; its checkpoint says the 3 epochs are done, so running it again trains none."""
+    done = run([sys.executable, str(MIGRATE / "train_own_loop.py")], tmp_path)
+    assert done.returncode == 0 and "epoch 2 loss" in done.stdout and (tmp_path / "ckpt.pt").exists(), show(done)
+    again = run([sys.executable, str(MIGRATE / "train_own_loop.py")], tmp_path)
+    assert again.returncode == 0 and "hvdtrain: lr 0.05 -> 0.05" in again.stdout, show(again)
+    assert "epoch" not in again.stdout, show(again)

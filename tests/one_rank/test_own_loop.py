@@ -46,7 +46,7 @@ def test_prepare_keeps_the_loader_and_scales_the_lr_by_the_policy(one_worker, ca
     model, optimizer = model_and_optimizer()
     loader = DataLoader(data(), batch_size=8, shuffle=True, collate_fn=keep_index, drop_last=True)
     model, optimizer, prepared = hvdtrain.prepare(model, optimizer, loader, lr_scaling="linear")
-    assert "lr 0.1 -> 0.1 (linear scaling over 1 workers" in capsys.readouterr().out
+    assert "lr 0.1 -> 0.1 (linear scaling over 1 worker;" in capsys.readouterr().out
     assert prepared.collate_fn is keep_index and prepared.batch_size == 8 and len(prepared) == 5
     assert hasattr(optimizer, "synchronize") and optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
     prepared.set_epoch(0)

@@ -2,11 +2,12 @@
 
     python tests/ranks/own_loop.py MODE CHECKPOINT
 
-train: 3 epochs, batch BATCH per worker, with an hvdtrain.save after STOP_AT steps of epoch 1 (the run goes on to
-the end); resume: a new job that hvdtrain.load-s that checkpoint and finishes from there. Where training ends, every rank compares its
-weights with the reference, trained here without Horovod: one process, batch 2 x BATCH, the same order of samples
-(the one-worker shuffle, ShardSampler with size 1, is a plain permutation seeded by seed + epoch). Averaged gradients
-of 2 workers of batch b are the gradient of one batch 2b at the same LR: so lr_scaling="none" here.
+train: 3 epochs, batch BATCH per worker, with an hvdtrain.save after STOP_AT steps of epoch 1 (the run goes on
+to the end); resume: a new job that hvdtrain.load-s that checkpoint and finishes from there. Where training
+ends, every rank compares its weights with the reference, trained here without Horovod: one process, batch
+2 x BATCH, the same order of samples (the one-worker shuffle, ShardSampler with size 1, is a plain permutation
+seeded by seed + epoch). Averaged gradients of 2 workers of batch b are the gradient of one batch 2b at the same
+LR: so lr_scaling="none" here.
 Each rank's model starts from its own seed: prepare must broadcast rank 0's. Prints `own_loop OK` per rank.
 """
 from __future__ import annotations

@@ -57,7 +57,8 @@ def test_the_api_reference_documents_the_public_api(site: Path) -> None:
                  "hvdtrain.load_config", "hvdtrain.TrainConfig", "hvdtrain.History", "hvdtrain.spark.fit",
                  "hvdtrain.data.streams.Stream", "hvdtrain.errors.UserError", "hvdtrain.errors.WorkerError",
                  "hvdtrain.ray.fit", "hvdtrain.models.pipeline.Pipeline", "hvdtrain.compression.export.load_exported",
-                 "hvdtrain.train.metrics.Metric", "hvdtrain.train.metrics.batch_mean"):
+                 "hvdtrain.train.metrics.Metric", "hvdtrain.train.metrics.batch_mean", "hvdtrain.prepare",
+                 "hvdtrain.save", "hvdtrain.load", "hvdtrain.train.own_loop.ShardedLoader"):
         assert f'id="{name}"' in html, name
 
 

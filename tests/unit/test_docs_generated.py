@@ -42,7 +42,9 @@ def test_a_migration_diff_turns_the_before_into_the_after() -> None:
         assert after == checks._code_lines(ROOT / "examples/migrate/train_hvdtrain.py")
         assert not any('"""' in line for line in body)                  # the docstrings are left out
     page = (ROOT / "docs/migrating.md").read_text()
-    assert page.count("```{diff-files} examples/migrate/") == 2
+    assert page.count("```{diff-files} examples/migrate/") == 4      # two to the Trainer, two to a loop of your own
+    for before in ("train_horovod.py", "train_plain.py"):
+        assert f"```{{diff-files}} examples/migrate/{before} examples/migrate/train_own_loop.py\n```" in page
 
 
 def test_the_schema_page_documents_each_record_kind_and_the_epoch_numbering() -> None:
