@@ -38,6 +38,7 @@ FOREIGN_FLAGS = {
     "--time", "--requeue", "--open-mode", "--gpus-per-task",  # sbatch
     "--format", "--env-file", "--build-arg", "--offline-base",  # podman / docker / docker/build.py
     "--backend-store-uri", "--logdir",  # mlflow ui, tensorboard
+    "--forward", "--fuzz",  # patch, applying scripts/horovod/patches
     "--nproc_per_node", "--nnodes",  # torchrun
     "--check-build",  # horovodrun --check-build (in horovodrun --help only as a short form on some builds)
 }
