@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import torch
-from support.runs import records
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -61,6 +60,8 @@ def rows(study: Path) -> list[dict]:
 
 
 def epochs_run(row: dict) -> int:
+    from support.runs import records   # here, not on top: the trials' workers import this module without tests/
+
     return len(records(Path(row["run_dir"]), "epoch"))
 
 
