@@ -60,7 +60,7 @@ def rows(study: Path) -> list[dict]:
 
 
 def epochs_run(row: dict) -> int:
-    from support.runs import records   # here, not on top: the trials' workers import this module without tests/
+    from support.runs import records  # here, not on top: the trials' workers import this module without tests/
 
     return len(records(Path(row["run_dir"]), "epoch"))
 
