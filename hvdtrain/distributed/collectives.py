@@ -13,9 +13,12 @@ from hvdtrain.distributed.wait import wait_quietly
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    # Horovod: every rank starts from rank 0's weights and optimizer state (bf16 ones sent as float32).
-    wire.broadcast_parameters(model.state_dict())
+    # Horovod: every rank starts from rank 0's weights and optimizer state (bf16 ones sent as float32). State
+    # first: Horovod fills a rank's empty state with a step on zero gradients, which weight decay turns into a step
+    # of that rank's weights; where rank 0 holds a loaded state and the others none (hvdtrain.load), only the
+    # weights sent after it make them equal. Where every state is empty, both orders give the same weights.
     wire.broadcast_optimizer_state(optimizer)
+    wire.broadcast_parameters(model.state_dict())
 
 
 def allreduce_sum(tensor: torch.Tensor, name: str) -> torch.Tensor:

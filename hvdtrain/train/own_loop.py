@@ -22,7 +22,7 @@ from hvdtrain.config.train_config import TrainConfig
 from hvdtrain.data.loader import rebuild_user_loader
 from hvdtrain.data.sharding import ShardSampler, check_fits
 from hvdtrain.data.user_loader import unwrap
-from hvdtrain.distributed import collectives, gradients, runtime, wire
+from hvdtrain.distributed import collectives, gradients, runtime
 from hvdtrain.errors import UserError, first_line
 from hvdtrain.output.console import console
 from hvdtrain.output.plain_weights import PlainWeights
@@ -208,10 +208,7 @@ def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
     shared = collectives.broadcast_object(shared, name="hvdtrain.load")   # Horovod: rank 0's verdict for all
     if "error" in shared:
         raise UserError(shared["error"])
-    # Horovod: rank 0's loaded state, then its weights: Horovod fills an empty state (the other ranks') with a step
-    # on zero gradients, which weight decay would turn into a step of their weights; the weights sent next win.
-    wire.broadcast_optimizer_state(optimizer)
-    wire.broadcast_parameters(model.state_dict())
+    collectives.broadcast_state(model, optimizer)   # Horovod: rank 0's loaded state, then its weights
     for loader, state in zip(loaders, shared["loaders"], strict=True):
         loader.load_state_dict(state)
     return dict(shared["extra"])
