@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.mlflow_server import shared_mlflow_server  # noqa: F401 - the fixture
 from support.paths import PLUGINS_DIR, ROOT
 from support.processes import show
-from test_tracking_server import mlflow_server  # noqa: F401 - the fixture
 
 pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -31,13 +31,13 @@ hvdtrain.compress("runs/mlp", "int8", repeats=1, verbose=False)
 
 
 def test_a_password_in_the_tracking_uri_is_written_nowhere_and_files_follow_the_umask(
-        tmp_path, mlflow_server):  # noqa: F811
-    url, _ = mlflow_server
+        tmp_path, shared_mlflow_server):  # noqa: F811
+    url, _ = shared_mlflow_server   # shared with test_tracking_server's tests: this one's experiments are its own
     secret_url = url.replace("http://", f"http://alice:{PASSWORD}@")
     env = dict(os.environ, MLFLOW_TRACKING_URI=secret_url, MLFLOW_TRACKING_TOKEN=TOKEN,
                PYTHONPATH=f"{ROOT}:{PLUGINS_DIR}", PYTHONUNBUFFERED="1")
     client = MlflowClient(url)
-    for umask in (0o077, 0o022):   # one server for both: starting one takes most of this test's time
+    for umask in (0o077, 0o022):   # one server for both (and for other files): starting one costs seconds
         work = tmp_path / f"umask{umask:03o}"
         work.mkdir()
         proc = subprocess.run([sys.executable, "-c", JOB.format(experiment=work.name)], cwd=work, env=env,

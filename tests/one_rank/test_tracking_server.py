@@ -1,19 +1,20 @@
 """A team's MLflow server, for real: `mlflow server` on loopback (sqlite backend) started here and killed by
 PID. A run is logged over HTTP by MLFLOW_TRACKING_URI alone (auto picks mlflow); a server killed mid-run
-costs one warning, and the run finishes with its files whole. (Issue 27.)"""
+costs one warning, and the run finishes with its files whole. (Issue 27.)
+
+The tests that do not kill the server share one (support.mlflow_server), each in an experiment of its own."""
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from support.paths import BIN, PLUGINS_DIR, ROOT
+from support.mlflow_server import shared_mlflow_server, started_mlflow_server  # noqa: F401 - the fixture
+from support.paths import PLUGINS_DIR, ROOT
 from support.processes import kill_tree, show
 from support.runs import EQUIV, records
 
@@ -23,38 +24,11 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 WARNING = "hvdtrain: warning: tracking:"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
-def mlflow_server(tmp_path):
-    """http://127.0.0.1:PORT of a fresh server; it and its workers are killed by PID at the end."""
-    port = free_port()
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-                             "--artifacts-destination", str(tmp_path / "server-artifacts")],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-            time.sleep(0.5)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc, 9)
-        log.close()
+def own_mlflow_server(tmp_path):
+    """A server of this test alone, for a test that kills it."""
+    with started_mlflow_server(tmp_path) as server:
+        yield server
 
 
 def train(run_dir: Path, name: str, extra: list[str], url: str) -> tuple[list[str], dict[str, str]]:
@@ -64,14 +38,16 @@ def train(run_dir: Path, name: str, extra: list[str], url: str) -> tuple[list[st
             "--run-dir", str(run_dir), "--name", name, *extra], env
 
 
-def test_a_run_is_logged_over_http_when_mlflow_tracking_uri_names_a_server(tmp_path, mlflow_server):
-    url, _ = mlflow_server
-    command, env = train(tmp_path / "runs", "over-http", ["--epochs", "1"], url)
+def test_a_run_is_logged_over_http_when_mlflow_tracking_uri_names_a_server(
+        tmp_path, shared_mlflow_server):  # noqa: F811
+    url, _ = shared_mlflow_server
+    # An experiment of its own on the shared server: the one run in it is this test's.
+    command, env = train(tmp_path / "runs", "over-http", ["--epochs", "1", "--tracking-experiment", "over-http"], url)
     proc = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, show(proc)
     assert "warning" not in proc.stdout + proc.stderr, show(proc)
     client = MlflowClient(url)
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    runs = client.search_runs([client.get_experiment_by_name("over-http").experiment_id])
     assert [r.info.run_name for r in runs] == ["over-http"]
     run_id = runs[0].info.run_id
     assert runs[0].data.params["tracking"] == "mlflow"  # auto, resolved by the variable
@@ -82,8 +58,8 @@ def test_a_run_is_logged_over_http_when_mlflow_tracking_uri_names_a_server(tmp_p
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # the server's store, not the embedded one
 
 
-def test_a_server_killed_mid_run_is_one_warning_and_the_run_finishes_whole(tmp_path, mlflow_server):
-    url, server = mlflow_server
+def test_a_server_killed_mid_run_is_one_warning_and_the_run_finishes_whole(tmp_path, own_mlflow_server):
+    url, server = own_mlflow_server
     run_dir = tmp_path / "runs" / "server-dies"
     command, env = train(tmp_path / "runs", "server-dies",
                          ["--model", "faults:slow_mlp", "--epochs", "8", "--log-interval", "2"], url)
@@ -118,12 +94,13 @@ def test_a_server_killed_mid_run_is_one_warning_and_the_run_finishes_whole(tmp_p
     assert (run_dir / "model.safetensors").stat().st_size > 0 and (run_dir / "curves.png").exists()
 
 
-def test_a_rollback_logs_its_new_branch_to_a_new_run_linked_to_the_old_one(tmp_path, mlflow_server):
+def test_a_rollback_logs_its_new_branch_to_a_new_run_linked_to_the_old_one(
+        tmp_path, shared_mlflow_server):  # noqa: F811
     """Issue 36: resumed from step 16 of 48 with another LR, every value up to step 48 was dropped as 'already
     logged', so MLflow showed the abandoned branch's numbers for the new run."""
-    url, _ = mlflow_server
+    url, _ = shared_mlflow_server   # read by run ids alone: other tests' runs on the server do not matter
     run_dir = tmp_path / "runs" / "rollback"
-    command, env = train(tmp_path / "runs", "rollback", ["--epochs", "3"], url)
+    command, env = train(tmp_path / "runs", "rollback", ["--epochs", "3", "--tracking-experiment", "rollback"], url)
     first = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, show(first)
     old = json.loads((run_dir / "tracking.json").read_text())["run_id"]
