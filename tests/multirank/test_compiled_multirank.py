@@ -16,8 +16,10 @@ from support.runs import EQUIV
 def test_compiled_training_on_two_workers_overlaps_like_eager_and_gives_its_weights(tmp_path):
     common = [*EQUIV, "--batch-size", "16", "--run-dir", str(tmp_path), "--tensorboard", "false"]
     report = tmp_path / "report.json"
-    proc = horovodrun(2, ["tests/ranks/compiled.py", str(report), *common, "--compile", "true", "--name", "compiled"],
-                      "gloo", timeout=900)
+    # The eager run in the same job, after the compiled one (tests/ranks/in_one_job.py): one launch, not two.
+    proc = horovodrun(2, ["tests/ranks/in_one_job.py",
+                          "tests/ranks/compiled.py", str(report), *common, "--compile", "true", "--name", "compiled",
+                          "--", "-m", "hvdtrain", *common, "--name", "eager"], "gloo", timeout=900)
     assert proc.returncode == 0, show(proc)
     found = json.loads(report.read_text())
     # Every parameter's allreduce was in flight when backward returned: the hooks fired during backward.
@@ -26,8 +28,6 @@ def test_compiled_training_on_two_workers_overlaps_like_eager_and_gives_its_weig
     # one graph they wait for its end (seen: blocks 0.0-0.1, whole 0.9-1.0 of backward).
     assert found["first_start"]["blocks"] < 0.5 < found["first_start"]["whole"], found
     assert found["steps"] == 12 and len(set(found["digests"])) == 1, found  # both replicas equal
-    eager = horovodrun(2, ["-m", "hvdtrain", *common, "--name", "eager"], "gloo")
-    assert eager.returncode == 0, show(eager)
     a = torch.load(tmp_path / "compiled" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "eager" / "model.pt", weights_only=True)
     assert sorted(a) == sorted(b)  # no `_orig_mod.` in the compiled run's file
