@@ -53,29 +53,42 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-def test_image_folder_with_resnet18_on_two_workers_beats_chance(tmp_path, data):
-    proc = horovodrun(2, ["-m", "hvdtrain", "--dataset", f"images:{data / 'images'}", "--model", "resnet18",
+TABLE_RUN = ["--model", "mlp", "--epochs", "2", *COMMON]
+TABLE = ["--label", "digit"]   # and --dataset parquet:DATA/digits.parquet
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data) -> Path:
+    """The image folder's run ("img") and the Parquet table's ("t"), one after the other in one job on 2 workers
+    (tests/ranks/in_one_job.py): a launch costs more than the table's run does."""
+    folder = tmp_path_factory.mktemp("runs")
+    proc = horovodrun(2, ["tests/ranks/in_one_job.py",
+                          "-m", "hvdtrain", "--dataset", f"images:{data / 'images'}", "--model", "resnet18",
                           "--image-size", "24", "--epochs", "3", "--batch-size", "16", "--lr", "0.02",
-                          *COMMON, "--run-dir", str(tmp_path), "--name", "img"], "gloo")
+                          *COMMON, "--run-dir", str(folder), "--name", "img", "--",
+                          "-m", "hvdtrain", *TABLE_RUN, "--dataset", f"parquet:{data / 'digits.parquet'}", *TABLE,
+                          "--run-dir", str(folder), "--name", "t"], "gloo", timeout=600)   # two runs
     assert proc.returncode == 0, show(proc)
-    result = summary(tmp_path / "img")
+    return folder
+
+
+def test_image_folder_with_resnet18_on_two_workers_beats_chance(runs):
+    result = summary(runs / "img")
     # A threshold: no cheap reference run exists for ResNet-18 on PNGs; the claim is that it learns (chance is 1/3).
     assert result["val_samples"] == 60 and result["val_acc"] >= 0.6, result
     assert len(set(result["param_digests"])) == 1
 
 
-def test_parquet_table_is_the_built_in_digits_and_trains_alike_on_two_workers(tmp_path, data):
+def test_parquet_table_is_the_built_in_digits_and_trains_alike_on_two_workers(tmp_path, data, runs):
     """The table holds the built-in digits, so it must give the very same split (exact, not an accuracy bar)."""
-    args = ["--model", "mlp", "--epochs", "2", *COMMON, "--run-dir", str(tmp_path)]
-    table = ["--dataset", f"parquet:{data / 'digits.parquet'}", "--label", "digit"]
+    args = [*TABLE_RUN, "--run-dir", str(tmp_path)]
+    table = ["--dataset", f"parquet:{data / 'digits.parquet'}", *TABLE]
     ours, builtin = (build_data(load_config(None, [*args, *dataset])) for dataset in (table, ["--dataset", "digits"]))
     assert ours.num_classes == builtin.num_classes == 10
     for mine, theirs in ((ours.train, builtin.train), (ours.val, builtin.val)):
         assert torch.equal(mine.tensors[0], theirs.tensors[0].flatten(1))
         assert torch.equal(mine.tensors[1], theirs.tensors[1])
-    proc = horovodrun(2, ["-m", "hvdtrain", *args, *table, "--name", "t"], "gloo")
-    assert proc.returncode == 0, show(proc)
-    result = summary(tmp_path / "t")
+    result = summary(runs / "t")   # the same arguments (TABLE_RUN, the table), trained by `runs`
     assert result["rank_steps"] == [2 * steps_per_epoch(len(builtin.train), 2, 32)] * 2, result
     assert result["val_samples"] == len(builtin.val) and len(set(result["param_digests"])) == 1, result
 
