@@ -7,18 +7,37 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from support.processes import BACKENDS, horovod_patched, horovodrun, show
 from support.runs import EQUIV
 from support.timeline import timeline_ops
 
 
+@pytest.fixture(scope="module")
+def rank_reports(tmp_path_factory):
+    """The rank scripts' reports, by backend: one launch per backend runs them all (tests/ranks/in_one_job.py),
+    since starting a job costs more than the scripts do. Gloo also runs unused_params.py (a Gloo-only check) first;
+    bucket_step.py runs last, since it sets HVDTRAIN_STEP_BY_BUCKET."""
+    found = {}
+
+    def reports(backend: str) -> dict[str, Path]:
+        if backend not in found:
+            folder = tmp_path_factory.mktemp(f"buckets-{backend}")
+            scripts = (["unused_params"] if backend == "gloo" else []) + ["buckets", "bucket_step"]
+            args = [arg for i, name in enumerate(scripts)
+                    for arg in (["--"] if i else []) + [f"tests/ranks/{name}.py", str(folder / f"{name}.pt")]]
+            proc = horovodrun(2, ["tests/ranks/in_one_job.py", *args], backend, timeout=600)   # several runs
+            assert proc.returncode == 0, show(proc)
+            found[backend] = {name: folder / f"{name}.pt" for name in scripts}
+        return found[backend]
+
+    return reports
+
+
 @BACKENDS
-def test_a_bucket_is_one_allreduce_and_gives_the_weights_of_per_tensor_ones(tmp_path, backend):
-    out = tmp_path / "buckets.pt"
-    proc = horovodrun(2, ["tests/ranks/buckets.py", str(out)], backend)
-    assert proc.returncode == 0, show(proc)
-    report = torch.load(out, weights_only=False)
+def test_a_bucket_is_one_allreduce_and_gives_the_weights_of_per_tensor_ones(rank_reports, backend):
+    report = torch.load(rank_reports(backend)["buckets"], weights_only=False)
     found, steps = report["found"], report["steps"]
     assert report["buckets"] == {0.0: 6, 25.0: 1, 0.1: 3}   # six gradients: per tensor, one bucket, three
     assert report["backend"] == {"gloo": "Gloo", "mpi": "MPI"}[backend]
@@ -66,13 +85,11 @@ def test_the_trainer_sends_buckets_in_place_by_default_with_the_weights_of_per_t
         assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a), name
 
 
-def test_a_layer_some_ranks_skip_neither_stalls_buckets_nor_changes_the_weights(tmp_path):
+def test_a_layer_some_ranks_skip_neither_stalls_buckets_nor_changes_the_weights(rank_reports):
     # Before hvdtrain sent unfinished buckets itself, the rank that skipped the layer sent its parameters one by one
-    # while its peer sent the bucket: Horovod stalled until this timeout (the job takes ~5 s).
-    out = tmp_path / "unused.pt"
-    proc = horovodrun(2, ["tests/ranks/unused_params.py", str(out)], "gloo", timeout=120)
-    assert proc.returncode == 0, show(proc)
-    report = torch.load(out, weights_only=False)
+    # while its peer sent the bucket: Horovod stalled until the job's timeout (rank_reports: the script runs first
+    # in the Gloo job and takes ~5 s of it).
+    report = torch.load(rank_reports("gloo")["unused_params"], weights_only=False)
     assert report["buckets"] == {25.0: 1, 0.001: 6}   # one bucket; and each tensor a bucket of its own
     per_tensor = report["found"][0.0]
     for bucket_mb in (25.0, 0.001):
@@ -81,11 +98,8 @@ def test_a_layer_some_ranks_skip_neither_stalls_buckets_nor_changes_the_weights(
 
 @BACKENDS
 def test_stepping_bucket_by_bucket_gives_the_weights_of_one_step_and_skips_a_non_finite_step_on_every_rank(
-        tmp_path, backend):
-    out = tmp_path / "bucket_step.pt"
-    proc = horovodrun(2, ["tests/ranks/bucket_step.py", str(out)], backend)
-    assert proc.returncode == 0, show(proc)
-    report = torch.load(out, weights_only=False)
+        rank_reports, backend):
+    report = torch.load(rank_reports(backend)["bucket_step"], weights_only=False)
     found, steps, nan_step = report["found"], report["steps"], report["nan_step"]
     assert report["digests"][0] == report["digests"][1]   # both replicas equal, in every setting
     for kind in ("sgd", "adamw"):
