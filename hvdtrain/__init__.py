@@ -43,11 +43,12 @@ if TYPE_CHECKING:  # what IDEs and mypy see; at run time the names load on first
     from hvdtrain.config.train_config import TrainConfig, load_config
     from hvdtrain.launcher.local import launch
     from hvdtrain.output.history import History
+    from hvdtrain.train.config_fit import fit
     from hvdtrain.train.own_loop import load, prepare, save
-    from hvdtrain.train.trainer import Trainer, fit
+    from hvdtrain.train.trainer import Trainer
     from hvdtrain.tuning.tune_api import tune
 
-_HOME = {"Trainer": "hvdtrain.train.trainer", "fit": "hvdtrain.train.trainer",
+_HOME = {"Trainer": "hvdtrain.train.trainer", "fit": "hvdtrain.train.config_fit",
          "launch": "hvdtrain.launcher.local", "load_config": "hvdtrain.config.train_config",
          "TrainConfig": "hvdtrain.config.train_config", "History": "hvdtrain.output.history",
          "tune": "hvdtrain.tuning.tune_api", "compress": "hvdtrain.compression.compress_api",

@@ -54,14 +54,15 @@ class Checkpointer:
         model, optimizer: saved (the model under its plain keys) and, on resume, loaded on rank 0, then
             broadcast by Horovod (the optimizer Horovod wrapped).
         data: (train, held-out) data, fingerprinted where a checkpoint is written or read.
+        scheduled: a user's LR scheduler drives the optimizer's settings: a resume keeps the checkpoint's.
 
     Everything else a checkpoint holds comes from the components handed to each save and resume (a
     TrainingState, checkpoint/stateful.py): saved under their names, restored by name; this class knows none of them.
     """
 
     def __init__(self, settings: CheckpointSettings, run: RunDirectory, model: torch.nn.Module, optimizer: Any,
-                 data: tuple[Any, Any]) -> None:
-        self.settings, self.run, self.data = settings, run, data
+                 data: tuple[Any, Any], *, scheduled: bool = False) -> None:
+        self.settings, self.run, self.data, self.scheduled = settings, run, data, scheduled
         self.weights: dict[str, Stateful] = {"model": PlainWeights(model), "optimizer": optimizer}
 
     @functools.cached_property
@@ -81,7 +82,7 @@ class Checkpointer:
         if not self.settings.resume:
             return None
         return read_on_root(self.settings.resume, self.settings.record, self.settings.changed_data, run_path,
-                            self.weights, self.data_fingerprint)
+                            self.weights, self.data_fingerprint, keep_saved_settings=self.scheduled)
 
     def adopt(self, found: dict[str, Any] | None, state: TrainingState, p: EpochPosition, world: runtime.World,
               resplit: Callable[[Resplits, int, int], Resplits]) -> str | None:

@@ -68,11 +68,14 @@ def _differ(a: Any, b: Any) -> bool:
 
 
 def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_path: str | None,
-                 weights: dict[str, Stateful], data: dict[str, Any] | None = None) -> dict[str, Any]:
+                 weights: dict[str, Stateful], data: dict[str, Any] | None = None, *,
+                 keep_saved_settings: bool = False) -> dict[str, Any]:
     """Load `weights` (model and optimizer, by file key) on this rank; return what the other ranks need: every
     other component's state in the file. `resume`: --resume; `config`: this run's (as a dict), compared with the
     checkpoint's; `changed_data`: --resume-changed-data; `data`: this run's data fingerprint
-    (data/fingerprint.py), compared with the checkpoint's. The optimizer's param-group settings win over the file's."""
+    (data/fingerprint.py), compared with the checkpoint's. The optimizer's param-group settings win over the file's,
+    unless `keep_saved_settings` (a user's LR scheduler sets them, and its restored state expects the saved ones:
+    OneCycleLR's momentum)."""
     notes: list[str] = []
     if resume == "auto":
         directory = checkpoint.checkpoint_dir(run_path or "")
@@ -111,7 +114,7 @@ def read_on_root(resume: str, config: dict[str, Any], changed_data: str, run_pat
                          f"written with --model {made_with}: use the same model and optimizer, or another checkpoint"}
     old_lr = (payload.get("config") or {}).get("lr")
     new_lr = [f"lr {old_lr} -> {config['lr']}"] if old_lr is not None and _differ(old_lr, config["lr"]) else []
-    changed = restore_hyperparameters(optimizer.param_groups, wanted, new_lr)
+    changed = None if keep_saved_settings else restore_hyperparameters(optimizer.param_groups, wanted, new_lr)
     if changed:
         notes.append(changed)
     meta = {key: value for key, value in payload.items() if key not in weights and key not in RECORD_KEYS}

@@ -7,6 +7,7 @@ itself there (what `hvdtrain --help` lists), called alone it is the parser its `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from hvdtrain.errors import UserError
@@ -36,8 +37,6 @@ class Parser(argparse.ArgumentParser):
     def format_help(self) -> str:
         text = super().format_help()
         if self.takes_config:
-            from hvdtrain.config.train_config import config_help
-
             text += "\nconfig keys (YAML file and/or --key value; dashes and underscores are the same):\n"
             text += config_help() + "\n"
         return text
@@ -75,3 +74,16 @@ def command_parser(commands: Commands | None, name: str, doc: str | None, *, con
     if commands is None:
         return Parser(f"hvdtrain {name}", text, config=config)
     return commands.add_parser(name, help=summary, description=text, config=config)
+
+
+def config_help() -> str:
+    """One line per config key: flag, type, default, help (from the fields' metadata)."""
+    from hvdtrain.config.train_config import FIELD_TYPES, TrainConfig
+
+    lines = []
+    for item in dataclasses.fields(TrainConfig):
+        kind = str(FIELD_TYPES[item.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+        default = ",".join(map(str, item.default)) if isinstance(item.default, tuple) else item.default
+        default = "''" if default == "" else default
+        lines.append(f"  --{item.name.replace('_', '-'):<26} {kind:<16} {default!s:<10} {item.metadata['help']}")
+    return "\n".join(lines)

@@ -21,8 +21,8 @@ def parser(commands: Commands | None = None) -> Parser:
 def main(args: list[str]) -> int:
     from hvdtrain.errors import Stopped
     from hvdtrain.output.console import console
+    from hvdtrain.train.config_fit import fit
     from hvdtrain.train.run_start import PROCESS, prepare_run, report_crash
-    from hvdtrain.train.trainer import fit
 
     PROCESS.secrets_taken = True   # cli/main.py took them before any subcommand (the same take_secrets)
     # The start a script's Trainer makes too (train/run_start.py): srun's Gloo, Slurm's requeue defaults for the keys

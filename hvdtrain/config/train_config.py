@@ -194,10 +194,21 @@ def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 FIELD_TYPES: dict[str, Any] = typing.get_type_hints(TrainConfig)
 
 
-def _unknown_key(key: str) -> ConfigError:
-    close = difflib.get_close_matches(key, FIELD_TYPES, n=1)
+def _unknown_key(key: str, also: tuple[str, ...] = (), what: str = "config key") -> ConfigError:
+    close = difflib.get_close_matches(key, [*FIELD_TYPES, *also], n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(FIELD_TYPES)})"
-    return ConfigError(f"unknown config key {key!r}{hint}")
+    return ConfigError(f"unknown {what} {key!r}{hint}")
+
+
+def with_values(config: TrainConfig, values: dict[str, Any], *, also: tuple[str, ...] = (),
+                what: str = "config key") -> TrainConfig:
+    """`config` with keyword values over it (e.g. the Trainer's `epochs=5`), validated as the config's own; an
+    unknown key is a one-line ConfigError naming the closest one (among the keys and `also`, the caller's own
+    arguments, called `what`)."""
+    for key in values:
+        if key not in FIELD_TYPES:
+            raise _unknown_key(key, also, what)
+    return dataclasses.replace(config, **{key: coerce(key, value) for key, value in values.items()})
 
 
 def coerce(key: str, value: Any) -> Any:
@@ -287,14 +298,3 @@ def load_config(path: str | None = None, overrides: list[str] | None = None,
 
 def to_yaml(config: TrainConfig) -> str:
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
-
-
-def config_help() -> str:
-    """One line per config key: flag, type, default, help (from the fields' metadata)."""
-    lines = []
-    for item in dataclasses.fields(TrainConfig):
-        kind = str(FIELD_TYPES[item.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
-        default = ",".join(map(str, item.default)) if isinstance(item.default, tuple) else item.default
-        default = "''" if default == "" else default
-        lines.append(f"  --{item.name.replace('_', '-'):<26} {kind:<16} {default!s:<10} {item.metadata['help']}")
-    return "\n".join(lines)

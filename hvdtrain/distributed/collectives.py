@@ -97,3 +97,8 @@ def broadcast_object(obj: Any, name: str) -> Any:
 
 def allgather_object(obj: Any, name: str) -> list[Any]:
     return hvd.allgather_object(obj, name=name)
+
+
+def any_rank(flag: bool, name: str) -> bool:
+    """True on every rank when `flag` is True on any of them (one allreduce of a single number)."""
+    return bool(allreduce_sum(torch.tensor([float(flag)]), name=name).item() > 0)

@@ -63,7 +63,7 @@ class Guarded:
 
 
 def fit_config(config: TrainConfig) -> Any:
-    from hvdtrain.train.trainer import fit
+    from hvdtrain.train.config_fit import fit
 
     return fit(config)
 

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, Subset, default_collate
 
 from hvdtrain.data.sharding import eval_shard
+from hvdtrain.data.user_loader import unwrap
 from hvdtrain.distributed import collectives, runtime
 from hvdtrain.errors import UserError, first_line
 from hvdtrain.train.batch import describe, first_tensor, to_device
@@ -127,3 +128,11 @@ def param_digest(model: nn.Module) -> str:
         # The bytes, whatever the dtype (numpy has no bfloat16).
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def held_out(data: Any, what: str, batch_size: int, collate: Collate | None) -> tuple[Any, int, Collate | None]:
+    """A Dataset or DataLoader to evaluate or predict on: the DataLoader's own batch size and collate_fn where it
+    has them, else `batch_size` and `collate`."""
+    data, loading = unwrap(data, what)
+    own = loading.collate_fn if loading and loading.collate_fn else collate
+    return data, loading.batch_size if loading else batch_size, own

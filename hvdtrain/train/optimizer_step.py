@@ -3,6 +3,7 @@ unscaled (fp16), clipped by their global norm (--max-grad-norm), applied or skip
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,14 +24,16 @@ class OptimizerStep:
         predivide: --gradient-predivide-factor.
         max_norm: --max-grad-norm (0: no clipping); norms: where each applied step's pre-clip norm is
             appended (a 0-dim tensor, no host sync; the Reporter logs their mean as grad_norm).
+        before_step: called with every rank's gradients averaged (and unscaled), before clipping and the step
+            (the callbacks' on_before_optimizer_step).
     """
 
     def __init__(self, optimizer: Any, model: torch.nn.Module, precision: Precision, *, op: str,
                  nonfinite_limit: int, predivide: float, max_norm: float = 0.0,
-                 norms: list[torch.Tensor] | None = None) -> None:
+                 norms: list[torch.Tensor] | None = None, before_step: Callable[[], None] | None = None) -> None:
         self.optimizer, self.model, self.scaler = optimizer, model, precision.scaler
         self.limit, self.predivide = nonfinite_limit, predivide
-        self.max_norm, self.norms = max_norm, norms
+        self.max_norm, self.norms, self.before_step = max_norm, norms, before_step
         self.last_norm: torch.Tensor | None = None   # the last applied step's norm before clipping
         self.steps_in_backward = gradients.steps_in_backward(op)
         # The loss decides, not a pass over every gradient (that pass cost ~5% of an MLP step; see
@@ -40,8 +43,8 @@ class OptimizerStep:
         self.flag_slot = getattr(optimizer, "loss_flag_slot", None) if self.check_loss else None
         self.first_bucket = getattr(optimizer, "loss_flag_bucket", None)
         # Stepping by bucket needs the verdict from the first bucket, where the loss is checked at all; and the
-        # global norm needs every bucket back, so clipping steps once, after the last one.
-        self.by_bucket = (self.scaler is None and not self.steps_in_backward and not max_norm
+        # global norm (and a callback before the step) needs every bucket back, so those step once, after the last.
+        self.by_bucket = (self.scaler is None and not self.steps_in_backward and not max_norm and not before_step
                           and (self.flag_slot is not None or not self.check_loss)
                           and bucket_step.can_step_by_bucket(optimizer))
 
@@ -53,6 +56,8 @@ class OptimizerStep:
     def apply(self, p: Progress, parts: list[BatchParts]) -> bool:
         """Apply the step's gradients, the same on every rank; False when skipped as non-finite."""
         if self.steps_in_backward:
+            if self.before_step:
+                self.before_step()
             self.optimizer.step()                           # Horovod: combines the Adasum deltas from backward
             return True
         if self.by_bucket and not bucket_step.has_step_hooks(self.optimizer):
@@ -73,6 +78,8 @@ class OptimizerStep:
         else:
             finite = self._loss_finite() if loss_flag is None else collectives.all_finite(loss_flag)
             applied = not self.check_loss or count_nonfinite(p, finite, "loss", self.limit)
+        if applied and self.before_step:
+            self.before_step()
         if applied and self.max_norm:
             self._clip()                                    # after the average and the unscale, never before
         if applied:

@@ -1,6 +1,6 @@
 """The metrics component: each rank's metric sums reduced across the ranks (with the stop request, in one
-allreduce), rank 0's records (metrics.jsonl, tracker, console), the History, the --monitor verdict and the
-summary. Built from its own settings section of the config."""
+allreduce), rank 0's records (metrics.jsonl, tracker, console), the History and the summary. Built from its own
+settings section of the config."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -18,7 +18,7 @@ from hvdtrain.output.console import console
 from hvdtrain.output.history import History
 from hvdtrain.output.run_directory import RunDirectory
 from hvdtrain.train.batch import to_device
-from hvdtrain.train.early_stopping import improved, patience_exhausted
+from hvdtrain.train.early_stopping import patience_exhausted
 from hvdtrain.train.evaluation import param_digest
 from hvdtrain.train.metrics import Metric, MetricSet, choose
 from hvdtrain.train.progress import Progress
@@ -109,23 +109,6 @@ class Reporter:
         per_rank = collectives.allgather_object(self.run.host_samples(), name="system_samples")
         self.run.record_system([sample for samples in per_rank for sample in samples])
 
-    def judge(self, p: Progress, model: nn.Module, is_root: bool) -> None:
-        """Best weights and early stopping on --monitor, after each finished epoch."""
-        monitor = self.settings.monitor
-        if not monitor:
-            return
-        value = self.history[-1].get(monitor)
-        verdict = (improved(p.best, value, self.metrics.higher_is_better(monitor)), value) if is_root else None
-        # Horovod: rank 0's verdict for all, so every rank stops at the same epoch.
-        better, value = collectives.broadcast_object(verdict, name="monitor")
-        if better:
-            p.best, p.best_epoch = value, p.epoch
-            if self.run.log:
-                self.run.log.best(model)
-
-    def patience_exhausted(self, p: Progress) -> bool:
-        return patience_exhausted(p.epoch, p.best_epoch, self.settings.patience)
-
     def finish(self, p: Progress, wall: float, model: nn.Module, world: runtime.World) -> None:
         """The summary (the last epoch's metrics, throughput, every rank's steps and weights' digest)."""
         self.gather_system()   # the samples since the last epoch's end
@@ -139,7 +122,7 @@ class Reporter:
                    "param_digests": [d for _, d in per_rank], "run_dir": self.run.path}
         if self.settings.monitor:
             summary.update(monitor=self.settings.monitor, best=p.best, best_epoch=p.best_epoch,
-                           stopped_early=self.patience_exhausted(p))
+                           stopped_early=patience_exhausted(p.epoch, p.best_epoch, self.settings.patience))
         self.history.summary = summary
         if self.run.log:
             self.run.log.finish(self.history, model)

@@ -12,36 +12,40 @@ from torch import nn
 from hvdtrain.checkpoint.manager import Checkpointer, CheckpointSettings
 from hvdtrain.checkpoint.rng_state import RandomState
 from hvdtrain.checkpoint.stateful import TrainingState
-from hvdtrain.config.train_config import TrainConfig
-from hvdtrain.data.datasets import build_data, input_shape
+from hvdtrain.config.train_config import TrainConfig, with_values
 from hvdtrain.data.loader import LoadingSettings, build_loader
 from hvdtrain.data.shard_source import ShardSource
 from hvdtrain.data.sharding import ShardSampler, check_fits, step_samples, steps_per_epoch
 from hvdtrain.data.streaming import stream_source
-from hvdtrain.data.user_loader import prepare, unwrap
+from hvdtrain.data.user_loader import prepare
 from hvdtrain.distributed import collectives, gradients, runtime, sync_bn
 from hvdtrain.errors import Stopped, UserError
-from hvdtrain.models.builtin import build_model, recipe_for
+from hvdtrain.models.builtin import recipe_for
 from hvdtrain.models.compiled import compile_model, is_compiled
 from hvdtrain.models.pipeline import place
 from hvdtrain.output.console import banner_lines, console
 from hvdtrain.output.history import History
 from hvdtrain.output.run_directory import RunDirectory, RunDirSettings
 from hvdtrain.train.batch import to_device
+from hvdtrain.train.callbacks import Callbacks
 from hvdtrain.train.device import pick_device
-from hvdtrain.train.evaluation import Collate, evaluate, predict, probe_batch
+from hvdtrain.train.early_stopping import Monitor
+from hvdtrain.train.evaluation import Collate, evaluate, held_out, predict, probe_batch
+from hvdtrain.train.learning_rate import LearningRate, SchedulerArg
 from hvdtrain.train.loop_run import ElasticRun, ElasticSettings, LocalRun, LoopHooks
-from hvdtrain.train.lr_schedule import lr_at, scaled_lr, schedule_steps, set_lrs
+from hvdtrain.train.lr_schedule import scaled_lr, schedule_steps
 from hvdtrain.train.metrics import BatchParts, Metric
 from hvdtrain.train.optim import make_optimizer
-from hvdtrain.train.optimizer_step import OptimizerStep
+from hvdtrain.train.optimizer_step import OptimizerStep, step_loss
 from hvdtrain.train.precision import Precision, PrecisionSettings
 from hvdtrain.train.progress import MetricSums, Progress
 from hvdtrain.train.reporting import MetricsSettings, Reporter, first_batch_layout
-from hvdtrain.train.run_start import prepare_run, start_horovod, started
+from hvdtrain.train.run_start import prepare_run, start_horovod
 from hvdtrain.train.step import LossFn, StepFn, check_step, default_loss, labels_in_range, run_step
 
 AfterEpoch = Callable[[dict[str, Any]], bool]
+OWN_KEYWORDS = ("optimizer", "loss_fn", "step_fn", "metrics", "config", "collate_fn", "run_directory",
+                "handle_signals", "callbacks", "lr_scheduler", "lr_scheduler_interval")
 
 
 class Trainer:
@@ -64,13 +68,20 @@ class Trainer:
         metrics: names (acc, top5_acc, mse, mae) or metric objects (see train/metrics.py); default from
             `config.metrics` ("auto": accuracy for class labels, MSE/MAE for real-valued targets).
         config: a TrainConfig (batch size, epochs, LR policy, run directory...); default TrainConfig().
+        **settings: config keys as keywords (`epochs=5, lr=1e-3, batch_size=64`), over `config`.
+        callbacks: objects answering the loop's events (train/callbacks.py): on_fit_start, on_step_end,
+            on_before_optimizer_step, on_epoch_end (True stops every rank), on_fit_end; with
+            state_dict/load_state_dict, their state travels in checkpoints.
+        lr_scheduler: a torch LR scheduler over `optimizer` (or a function taking the optimizer, returning one),
+            stepped after every optimizer step (lr_scheduler_interval="epoch": after every epoch), saved in
+            checkpoints; it sets the one-worker LRs, each step runs them scaled for the workers.
         collate_fn: turns a list of samples into a batch (e.g. padding), for a Dataset; default torch's
             (or `config.collate_fn`, or the DataLoader's own).
         run_directory: the run folder already decided on rank 0 (hvdtrain.fit claims it before the data
             loads); default: decided here. `close()` (or `with Trainer(...)`) gives it back.
         handle_signals: SIGTERM, SIGUSR1, Ctrl-C stop fit() with a checkpoint, as in the CLI; False in a notebook.
     Example:
-        >>> with hvdtrain.Trainer(my_model, train_ds, val_ds, config=hvdtrain.load_config(epochs=5)) as trainer:
+        >>> with hvdtrain.Trainer(my_model, train_ds, val_ds, epochs=5, lr=0.05) as trainer:
         ...     history = trainer.fit()
         ...     trainer.evaluate()["val_acc"], trainer.predict(val_ds).shape
     """
@@ -79,8 +90,15 @@ class Trainer:
                  optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
                  step_fn: StepFn | None = None, metrics: Sequence[str | Metric] | None = None,
                  config: TrainConfig | None = None, collate_fn: Collate | None = None,
-                 run_directory: RunDirectory | None = None, handle_signals: bool = True) -> None:
-        self.setup = prepare_run(config or TrainConfig(), handle_signals=handle_signals)  # as `python -m hvdtrain`
+                 run_directory: RunDirectory | None = None, handle_signals: bool = True,
+                 callbacks: Sequence[Any] = (), lr_scheduler: SchedulerArg | None = None,
+                 lr_scheduler_interval: str = "step", **settings: Any) -> None:
+        # Keywords over the config; a string for optimizer, metrics or collate_fn names the config's (adam, "acc").
+        named = {k: v for k, v in dict(optimizer=optimizer, metrics=metrics, collate_fn=collate_fn).items()
+                 if isinstance(v, str)}
+        optimizer, metrics, collate_fn = (None if isinstance(v, str) else v for v in (optimizer, metrics, collate_fn))
+        self.setup = prepare_run(with_values(config or TrainConfig(), {**settings, **named}, also=OWN_KEYWORDS,
+                                             what="Trainer keyword"), handle_signals=handle_signals)  # as the CLI's
         config = self.setup.config
         data = prepare(train_data, val_data, collate_fn, config.collate_fn, config.batch_size)
         train_data, val_data, loading = data.train, data.val, data.settings
@@ -113,17 +131,22 @@ class Trainer:
         self.reporter = Reporter(sections, first_batch_layout(
             sections, metrics, self.model, first, self.device, lambda m, b: check_step(m, b, self.loss_fn, step_fn),
             self.precision.autocast(), default_step=step_fn is None), self.run)
-        optimizer = optimizer or make_optimizer(config, self.model)
         self.progress = Progress(stats=self.reporter.zeros())
-        # One-worker LRs as the user built them; a resumed optimizer state carries the scheduled ones.
-        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
         # Horovod's wrapper is a new optimizer object: state is loaded into it, not into the original.
         self.optimizer: Any = gradients.wrap_optimizer(
-            optimizer, self.model, accumulate=config.accumulate, compression=config.compression, op=config.op,
+            optimizer or make_optimizer(config, self.model), self.model, accumulate=config.accumulate,
+            compression=config.compression, op=config.op,
             gradient_predivide_factor=config.gradient_predivide_factor, bucket_mb=config.bucket_mb)
-        self.optimizer_step = OptimizerStep(self.optimizer, self.model, self.precision, op=config.op,
-                                            nonfinite_limit=config.nonfinite_limit, norms=self.reporter.grad_norms,
-                                            max_norm=config.max_grad_norm, predivide=config.gradient_predivide_factor)
+        self.lr = LearningRate(self.optimizer, optimizer, decay=config.lr_decay, warmup_epochs=config.warmup_epochs,
+                               scheduler=lr_scheduler, interval=lr_scheduler_interval)
+        monitor = config.monitor and Monitor(config.monitor, config.patience,
+                                             self.reporter.metrics.higher_is_better(config.monitor))
+        self.callbacks = Callbacks([*([monitor] if monitor else []), *callbacks])   # best.pt first: users see it
+        before_step = self.callbacks.wants("on_before_optimizer_step")
+        self.optimizer_step = OptimizerStep(
+            self.optimizer, self.model, self.precision, op=config.op, nonfinite_limit=config.nonfinite_limit,
+            norms=self.reporter.grad_norms, max_norm=config.max_grad_norm, predivide=config.gradient_predivide_factor,
+            before_step=(lambda: self.callbacks.before_optimizer_step(self, self.optimizer)) if before_step else None)
         # What this rank reads: a stream shards itself; a map-style dataset is read through a ShardSampler.
         sampler = ShardSampler(len(train_data), world.rank, world.size, seed=config.seed,
                                shuffle=loading.shuffle if loading else True,
@@ -133,9 +156,8 @@ class Trainer:
                                    self.device, loading)
         self.random = RandomState(self.loader.generator)
         self._resize(world)
-        self.after_epoch: AfterEpoch | None = None
         self.checkpointer = Checkpointer(CheckpointSettings.of(config), self.run, self.model, self.optimizer,
-                                         (train_data, val_data))
+                                         (train_data, val_data), scheduled=self.lr.scheduler is not None)
         hooks = LoopHooks(train=self._train_until, begin=self._begin, resize=self._resize, state=self._state,
                           zero_stats=self.reporter.zeros,
                           check_work_left=lambda p, end_epoch: p.check_work_left(end_epoch, config.max_steps))
@@ -162,16 +184,18 @@ class Trainer:
             The History of the epochs trained (rank 0's metrics, the same on every rank).
         """
         p = self.progress
-        self.after_epoch = after_epoch
         first_call = not self.history
         end_epoch = (epochs or self.config.epochs) + (0 if first_call else p.epoch)
         if not first_call:
             p.fit_step = 0      # a new LR schedule; the first call continues a resumed one
         self.reporter.samples_this_fit, start = 0, time.perf_counter()
-        with self.setup.stops(), self.loop_runner.watching(), runtime.started():
+        # The tuner's hook, as a callback for this call only (it has no state: the checkpoint's keys stay put).
+        with self.setup.stops(), self.loop_runner.watching(), runtime.started(), self.callbacks.adding(after_epoch):
             # Horovod: a lost or frozen rank is named, never a hang. A stop signal ends the loop with a checkpoint.
+            self.callbacks.fit_start(self)
             self.progress = self.loop_runner.run(p, end_epoch)
             self.reporter.finish(self.progress, time.perf_counter() - start, self.model, self.world)
+            self.callbacks.fit_end(self, self.history)
         return self.history
 
     def _train_until(self, p: Progress, end_epoch: int) -> None:
@@ -183,21 +207,19 @@ class Trainer:
         console.open_bar(config.progress_bar, total_steps, p.fit_step)
         self.model.train()
         try:
-            while (p.epoch < end_epoch and not (config.max_steps and p.step >= config.max_steps)
-                   and not self.reporter.patience_exhausted(p)):
+            while p.epoch < end_epoch and not (config.max_steps and p.step >= config.max_steps):
                 epoch_start = time.perf_counter()
-                steps, seen, lr_factor = self._run_epoch(p, total_steps)
+                steps, seen = self._run_epoch(p, total_steps)
                 finished = p.position >= self.epoch_samples
                 # Horovod: one set of BatchNorm statistics for evaluation and the saved model (SyncBatchNorm
                 # keeps them equal already).
                 collectives.average_buffers(self.float_buffers)
-                self._stop_if(p, self.reporter.end_epoch(p, self.base_lrs[0] * lr_factor,
-                                                         time.perf_counter() - epoch_start, steps, seen,
-                                                         self.evaluate()))
+                self._stop_if(p, self.reporter.end_epoch(p, self.lr.applied, time.perf_counter() - epoch_start,
+                                                         steps, seen, self.evaluate()))
                 if finished:
-                    self.reporter.judge(p, self.model, self.world.is_root)
-                if finished and self.after_epoch is not None and self.after_epoch(self.history[-1]):
-                    end_epoch = p.epoch + 1                 # asked to stop: this epoch is the last
+                    self.lr.end_epoch(self.history[-1], config.monitor)
+                if finished and self.callbacks.epoch_end(self, p.epoch, self.history[-1]):
+                    end_epoch = p.epoch + 1                 # a callback asked to stop: this epoch is the last
                 if finished:
                     p.epoch, p.position, p.stats, p.resplits = p.epoch + 1, 0, self.reporter.zeros(), []
                     self.random.mark()
@@ -210,22 +232,20 @@ class Trainer:
         finally:
             console.close_bar()
 
-    def _run_epoch(self, p: Progress, total_steps: int) -> tuple[int, int, float]:
-        """Train the rest of epoch p.epoch (or up to max_steps). Returns (steps, samples seen here, LR factor)."""
+    def _run_epoch(self, p: Progress, total_steps: int) -> tuple[int, int]:
+        """Train the rest of epoch p.epoch (or up to max_steps). Returns (steps, samples seen here)."""
         config = self.config
-        warmup_steps = round(config.warmup_epochs * self.steps_per_epoch)
         self.random.mark()   # before iter() draws the epoch's seed
         # Horovod: every rank shuffles alike (seed + epoch) and resumes at the same global position.
         self.source.set_epoch(p.epoch, start=p.position, resplits=p.resplits)
         shard_len = self.source.shard_len()
         batches = -(-shard_len // config.batch_size)
-        steps, seen, lr_factor = 0, 0, 1.0
+        steps, seen = 0, 0
         step_parts: list[BatchParts] = []    # this step's micro-batches
         applied: list[BatchParts] = []       # applied steps' batches, added to p.stats before anything reads it
         for micro, batch in enumerate(self.loader):
             if micro % config.accumulate == 0:              # a step's first micro-batch
-                lr_factor = lr_at(p.fit_step, 1.0, self.lr_scale, warmup_steps, total_steps, config.lr_decay)
-                set_lrs(self.optimizer, self.base_lrs, lr_factor)
+                self.lr.start_step(p.fit_step, total_steps)
                 self.optimizer.zero_grad()  # torch 2.x sets grads to None (Horovod's wrapper takes no args)
                 step_parts = []
             batch = to_device(batch, self.device)
@@ -248,20 +268,23 @@ class Trainer:
                 continue                                    # more micro-batches before this step
             if self.optimizer_step.apply(p, step_parts):
                 applied += step_parts
+            self.lr.end_step()
             p.step, p.fit_step, steps = p.step + 1, p.fit_step + 1, steps + 1
             console.advance()
+            self.callbacks.step_end(self, p.step, step_loss(step_parts), self.lr.applied,
+                                    self.optimizer_step.last_norm)
             if p.step % config.log_interval == 0 or p.step % config.commit_steps == 0 or (
                     self.checkpointer.due_at_step(p.step)):
                 p.stats, applied = self.reporter.metrics.add_parts(p.stats, applied), []
             if p.step % config.log_interval == 0:
-                self._stop_if(p, self.reporter.log_interval(p, self.base_lrs[0] * lr_factor))
+                self._stop_if(p, self.reporter.log_interval(p, self.lr.applied))
             if self.checkpointer.due_at_step(p.step):
                 self._checkpoint(p)
             self.loop_runner.commit(p, step=True)                # Horovod: an elastic commit may admit new hosts
             if config.max_steps and p.step >= config.max_steps:
                 break
         p.stats = self.reporter.metrics.add_parts(p.stats, applied)
-        return steps, seen, lr_factor
+        return steps, seen
 
     def _stop_if(self, p: Progress, signum: int) -> None:   # a signal every rank agreed on (0: none)
         if signum:
@@ -272,7 +295,8 @@ class Trainer:
 
     def _state(self, p: Progress, own_loader: bool = True) -> TrainingState:
         """What a checkpoint holds, by file key (checkpoint/stateful.py); no loader RNG without `own_loader`."""
-        return TrainingState({"progress": p, "scaler": self.precision},
+        return TrainingState({"progress": p, "scaler": self.precision, "lr_scheduler": self.lr,
+                              "callbacks": self.callbacks},
                              {"rng": self.random if own_loader else RandomState(), "stats": MetricSums(p)})
 
     def _begin(self, found: dict[str, Any] | None, p: Progress, end_epoch: int | None = None) -> None:
@@ -296,6 +320,7 @@ class Trainer:
         self.epoch_samples = self.source.epoch_samples()
         self.steps_per_epoch = steps_per_epoch(self.epoch_samples, world.size, config.batch_size, config.accumulate)
         self.lr_scale = scaled_lr(1.0, world.size, config.lr_scaling)
+        self.lr.resize(self.lr_scale, self.steps_per_epoch)
 
     def close(self) -> None:
         """Give the run folder back and stop what the run started (samplers); its files stay. Twice is harmless."""
@@ -311,39 +336,12 @@ class Trainer:
         """Loss and metrics over `data` (default: the held-out set) as val_*, each sample counted once."""
         if data is None and self.val_data is None:
             return {}
-        data, batch_size, collate = self._held_out(self.val_data if data is None else data, "evaluation")
+        data, batch_size, collate = held_out(self.val_data if data is None else data, "evaluation",
+                                             self.eval_batch_size, self.val_collate)
         return evaluate(self.model, data, self.loss_fn, self.step_fn, self.reporter.metrics, self.world,
                         batch_size, self.device, collate)
 
     def predict(self, data: Any) -> torch.Tensor:
         """Model outputs for every sample of `data`, in order, on every rank (computed sharded)."""
-        data, batch_size, collate = self._held_out(data, "prediction")
+        data, batch_size, collate = held_out(data, "prediction", self.eval_batch_size, self.val_collate)
         return predict(self.model, data, self.world, batch_size, self.device, collate)
-
-    def _held_out(self, data: Any, what: str) -> tuple[Any, int, Collate | None]:
-        """A Dataset or DataLoader to evaluate: the DataLoader's own batch size and collate_fn where it has them."""
-        data, loading = unwrap(data, what)
-        collate = loading.collate_fn if loading and loading.collate_fn else self.val_collate
-        return data, loading.batch_size if loading else self.eval_batch_size, collate
-
-
-def fit(config: TrainConfig, *, handle_signals: bool = True) -> History:
-    """Train the model and dataset named in `config` (built-ins or plug-ins) on every worker.
-
-    Args:
-        config: a TrainConfig, e.g. `hvdtrain.load_config("run.yaml", epochs=3)`.
-        handle_signals: as the Trainer's (False in a notebook).
-    Returns:
-        The History: per-epoch metrics, `.summary` (final metrics, throughput, run dir), `.plot()`.
-    Example:
-        >>> history = hvdtrain.fit(hvdtrain.load_config(model="mlp", epochs=5))
-    """
-    torch.manual_seed(config.seed)
-    # A run refused its folder stops before loading anything; a run that fails before writing leaves no folder.
-    with started(config, handle_signals) as (config, world), RunDirectory(RunDirSettings.of(config)) as run:
-        (ElasticRun if config.elastic else LocalRun).claim_early(run, is_root=world.is_root)
-        data = build_data(config)
-        model = build_model(config, input_shape(data.train), data.num_classes)
-        with Trainer(model, data.train, data.val, config=config, run_directory=run) as trainer:
-            return trainer.fit()
-

@@ -17,7 +17,8 @@ from hvdtrain.config.train_config import load_config
 from hvdtrain.data.datasets import build_data
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train.trainer import Trainer, fit
+from hvdtrain.train.config_fit import fit
+from hvdtrain.train.trainer import Trainer
 
 MLP = ["--model", "mlp", "--hidden", "8", "--dataset", "synthetic", "--synthetic-samples", "64",
        "--synthetic-shape", "1,4,4", "--epochs", "1", "--threads", "1", "--progress-bar", "off"]
@@ -91,7 +92,8 @@ import os, sys
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.datasets import build_data
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train.trainer import Trainer, fit
+from hvdtrain.train.config_fit import fit
+from hvdtrain.train.trainer import Trainer
 before = dict(os.environ)
 config = load_config(None, sys.argv[1:])
 fit(config)

@@ -181,7 +181,7 @@ def test_in_process_resume_mid_epoch_equals_an_uninterrupted_run_and_counts_only
     import json
 
     from hvdtrain.config.train_config import load_config
-    from hvdtrain.train.trainer import fit
+    from hvdtrain.train.config_fit import fit
 
     base = dict(model="mlp", epochs=2, threads=1, run_dir=str(tmp_path), checkpoint_steps=15, keep_checkpoints=9,
                 tensorboard=False)

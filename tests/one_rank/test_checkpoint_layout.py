@@ -17,7 +17,8 @@ from hvdtrain.config.train_config import load_config
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.models.builtin import build_model
 from hvdtrain.output.plain_weights import plain_state_dict
-from hvdtrain.train.trainer import Trainer, fit
+from hvdtrain.train.config_fit import fit
+from hvdtrain.train.trainer import Trainer
 
 # Written by hvdtrain 1ac75a8 (the hand-built payload, before stateful components) with SMALL and max_steps=9:
 # one worker, stopped in the middle of epoch 2 (6 steps an epoch).

@@ -6,7 +6,7 @@ import pytest
 from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config
 from hvdtrain.errors import UserError
-from hvdtrain.train.trainer import fit
+from hvdtrain.train.config_fit import fit
 
 # 32 samples x 0.75 for training, batch 4: 6 steps an epoch, milliseconds each.
 SMALL = dict(model="mlp", dataset="synthetic", synthetic_samples=32, synthetic_shape=(1, 4, 4), hidden=8,

@@ -11,7 +11,8 @@ from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config
 from hvdtrain.data.datasets import build_data, input_shape
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train.trainer import Trainer, fit
+from hvdtrain.train.config_fit import fit
+from hvdtrain.train.trainer import Trainer
 from hvdtrain.trained.finished_run import read
 
 SMALL = dict(dataset="synthetic", synthetic_samples=640, synthetic_shape=(1, 8, 8), model="mlp", hidden=32,

@@ -20,9 +20,10 @@ from hvdtrain.distributed import horovod_settings as settings
 from hvdtrain.distributed import runtime
 from hvdtrain.errors import ConfigError, UserError
 from hvdtrain.models.builtin import build_model
+from hvdtrain.train.config_fit import fit
 from hvdtrain.train.early_stopping import improved, patience_exhausted
 from hvdtrain.train.precision import autocast
-from hvdtrain.train.trainer import Trainer, fit
+from hvdtrain.train.trainer import Trainer
 
 # --- tier 1: no Horovod -------------------------------------------------------------------------------
 

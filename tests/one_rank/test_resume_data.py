@@ -16,7 +16,7 @@ from hvdtrain.checkpoint import resume
 from hvdtrain.config.train_config import TrainConfig, load_config
 from hvdtrain.data import datasets, fingerprint
 from hvdtrain.errors import UserError
-from hvdtrain.train.trainer import fit
+from hvdtrain.train.config_fit import fit
 
 FAST = dict(model="mlp", hidden=8, batch_size=4, threads=1, tensorboard=False, epochs=100, checkpoint_steps=3)
 

@@ -6,7 +6,7 @@ from support.runs import records
 
 from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config
-from hvdtrain.train.trainer import fit
+from hvdtrain.train.config_fit import fit
 
 # 24 training samples, batch 4: 6 steps an epoch.
 SMALL = dict(model="mlp", dataset="synthetic", synthetic_samples=32, synthetic_shape=(1, 4, 4), hidden=8,

@@ -6,7 +6,7 @@ import torch
 from augment_probe import TRAINED
 
 from hvdtrain.config.train_config import load_config
-from hvdtrain.train.trainer import fit
+from hvdtrain.train.config_fit import fit
 
 # 48 training samples, batch 4: 12 steps an epoch; the stop at step 17 is in the middle of epoch 2.
 SMALL = dict(model="augment_probe:recording_mlp", dataset="augment_probe:jittered_synthetic",

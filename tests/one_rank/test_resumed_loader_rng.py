@@ -6,7 +6,7 @@ import torch
 
 from hvdtrain.checkpoint import format as checkpoint
 from hvdtrain.config.train_config import load_config
-from hvdtrain.train.trainer import fit
+from hvdtrain.train.config_fit import fit
 
 # 24 training samples, batch 4: 6 steps an epoch; step 9 is in the middle of epoch 2.
 SMALL = dict(model="mlp", dataset="synthetic", synthetic_samples=32, synthetic_shape=(1, 4, 4), hidden=8,

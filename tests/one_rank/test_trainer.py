@@ -13,7 +13,7 @@ from support.runs import records
 from hvdtrain.config.train_config import load_config
 from hvdtrain.errors import UserError
 from hvdtrain.models.builtin import build_model
-from hvdtrain.train.trainer import fit
+from hvdtrain.train.config_fit import fit
 
 
 def test_in_process_run_writes_a_complete_run_directory(tmp_path, one_worker):

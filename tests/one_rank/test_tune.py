@@ -254,7 +254,7 @@ def test_a_module_function_has_a_reference_a_lambda_or_nested_one_has_none():
 
     assert reference_of(tiny) == f"{__name__}:tiny"
     assert reference_of(lambda config: config) is None and reference_of(nested) is None
-    assert reference_of(hvdtrain.fit) == "hvdtrain.train.trainer:fit"     # where it is defined, not re-exported
+    assert reference_of(hvdtrain.fit) == "hvdtrain.train.config_fit:fit"     # where it is defined, not re-exported
 
 
 @pytest.mark.parametrize("train_fn", [lambda config: config, "nested"])

@@ -28,7 +28,7 @@ from support.allreduce_count import count_gradient_allreduces  # noqa: E402
 from hvdtrain.config.train_config import load_config
 from hvdtrain.distributed import collectives, gradients, runtime
 from hvdtrain.models.compiled import compile_model
-from hvdtrain.train.trainer import fit
+from hvdtrain.train.config_fit import fit
 
 out, overrides = Path(sys.argv[1]), sys.argv[2:]
 world = runtime.init()
