@@ -28,6 +28,9 @@ SBATCH = ROOT / "examples" / "cluster" / "slurm.sbatch"
 JOB = STOPPABLE_DIGITS
 HOLD_AFTER = 12     # training steps before every rank waits on the hold file (the step-10 checkpoint is written)
 JOB_TIMEOUT = 300
+# How often a wait asks the controller: each squeue or sinfo is a fork, a munge credential and an RPC to slurmctld
+# (wait_for's default 0.1 s made the waits on a running job cost a tenth of a core).
+POLL_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +84,7 @@ def held_job(slurm, tmp_path):
     job = sbatch(slurm, log, args, FAULTS_HOLD_FILE=str(hold), FAULTS_HOLD_AFTER=str(HOLD_AFTER))
     ckpts = tmp_path / "run" / "checkpoints"
     wait_for(lambda: (ckpts / "ckpt-000000010.pt").exists() or slurm.job_state(job) not in ("PENDING", "RUNNING"),
-             timeout=JOB_TIMEOUT, what="checkpoint 10 or the job's end")
+             timeout=JOB_TIMEOUT, what="checkpoint 10 or the job's end", every=POLL_S)
     assert slurm.job_state(job) == "RUNNING", log.read_text()[-3000:]
     return hold, log, args, job
 
@@ -116,7 +119,7 @@ def test_scontrol_requeue_mid_epoch_resumes_by_itself_and_equals_the_uninterrupt
     run = tmp_path / f"slurm-{job}"
     wait_for(lambda: (run / "checkpoints" / "ckpt-000000010.pt").exists()
              or slurm.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT,
-             what="the checkpoint or the job's end")
+             what="the checkpoint or the job's end", every=POLL_S)
     assert slurm.job_state(job) == "RUNNING", log.read_text()[-3000:]
     started = time.monotonic()
     slurm.client("scontrol", "requeue", job)

@@ -37,6 +37,9 @@ JOB = ["--dataset", "digits", "--val-fraction", "0.2005", "--batch-size", "32", 
        "--threads", "1", "--log-interval", str(LOG_INTERVAL)]
 HOLD_AFTER = 12
 JOB_TIMEOUT = 300
+# How often a wait asks the controller: each squeue or sinfo is a fork, a munge credential and an RPC to slurmctld
+# (wait_for's default 0.1 s made the waits on a running job cost a tenth of a core).
+POLL_S = 0.5
 # Open MPI's TCP transport and its out-of-band channel on the hosts' bridge interface (the hosts also have lo).
 MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": IFACE, "OMPI_MCA_oob_tcp_if_include": IFACE}
 
@@ -124,14 +127,14 @@ def test_early_warning_on_two_nodes_then_requeue_resumes_by_itself_exactly(slurm
     run = tmp_path / f"slurm-{job}"
     wait_for(lambda: (run / "checkpoints" / "ckpt-000000010.pt").exists()
              or cluster.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT,
-             what="the checkpoint or the job's end")
+             what="the checkpoint or the job's end", every=POLL_S)
     assert cluster.job_state(job) == "RUNNING", log.read_text()[-3000:]
     # What `#SBATCH --signal=B:USR1@T` sends: USR1 to the batch shell (srun, which the recipe exec()s), which
     # forwards it to the tasks on both nodes.
     cluster.client("scancel", "--batch", "--signal=USR1", job)
     hold.unlink()      # the restarted run counts its steps from its resume point: it must not hold again
     wait_for(lambda: cluster.job_state(job) not in ("PENDING", "RUNNING", "COMPLETING"), timeout=JOB_TIMEOUT,
-             what="the job's end")
+             what="the job's end", every=POLL_S)
     out = log.read_text()
     stop = re.search(r"hvdtrain: stopped by SIGUSR1 at step (\d+); checkpoint ", out)
     assert stop and 10 < int(stop[1]) < 23, out[-3000:]               # its own checkpoint, mid-epoch 1
@@ -143,7 +146,7 @@ def test_early_warning_on_two_nodes_then_requeue_resumes_by_itself_exactly(slurm
     # Slurm holds a requeued job ~2 minutes before it may start again (its begin time); the test starts it once
     # both nodes have cleaned up after its first run (earlier, its new batch step fails to launch).
     wait_for(lambda: all(cluster.node_state(node.name) == "idle" for node in cluster.nodes), timeout=120,
-             what="both nodes idle")
+             what="both nodes idle", every=POLL_S)
     cluster.client("scontrol", "requeue", job)
     time.sleep(2)
     cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now")

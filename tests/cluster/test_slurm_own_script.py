@@ -72,6 +72,9 @@ JOB = ["--batch-size", "16", "--epochs", "2", "--checkpoint-steps", "8", "--keep
 HOLD_AFTER = 10     # training steps before every rank waits on the hold file (the step-8 checkpoint is written)
 SIZES = ("--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-task=0")   # the one-node test cluster
 JOB_TIMEOUT = 300
+# How often a wait asks the controller: each squeue or sinfo is a fork, a munge credential and an RPC to slurmctld
+# (wait_for's default 0.1 s made the waits on a running job cost a tenth of a core).
+POLL_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +117,7 @@ def held(slurm: SlurmCluster, folder: Path, args: list[str]) -> tuple[str, Path,
     job, log = sbatch(slurm, folder, args, HOLD_FILE=str(hold), HOLD_AFTER=str(HOLD_AFTER))
     wait_for(lambda: list(folder.glob("runs/*/checkpoints/ckpt-000000008.pt"))
              or slurm.job_state(job) not in ("PENDING", "RUNNING"), timeout=JOB_TIMEOUT,
-             what="checkpoint 8 or the job's end")
+             what="checkpoint 8 or the job's end", every=POLL_S)
     assert slurm.job_state(job) == "RUNNING", output(log)[-3000:]
     return job, log, hold
 

@@ -220,8 +220,9 @@ class SlurmCluster:
     def run_requeued(self, job_id: str, timeout: float) -> str:
         """After `scontrol requeue`: start the job again as soon as it is pending on an idle node (not after Slurm's
         ~2 minute begin-time hold; earlier, its restarted batch step fails to launch), then wait for its end state."""
+        # Every 0.5 s, as wait_job: each poll is two client calls (a fork, a munge credential and a controller RPC).
         wait_for(lambda: self.job_state(job_id) == "PENDING" and self.node_state(NODE) == "idle", timeout=timeout,
-                 what="the requeued job pending on an idle node")
+                 what="the requeued job pending on an idle node", every=0.5)
         self.client("scontrol", "update", f"JobId={job_id}", "StartTime=now")
         return self.wait_job(job_id, timeout)
 
