@@ -31,6 +31,31 @@ def run(np: int, mode: str, out: Path, *extra: str, backend: str = "gloo", env: 
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def gloo_job(tmp_path_factory) -> Path:
+    """One Gloo job on 2 workers runs the 2-worker runs of the tests below one after another (tests/ranks/
+    in_one_job.py), each into its own folder (OUT, SEQ_LOG): starting a job costs more than most of these runs.
+    Each test reads its folder: OUT is r.json, the samples seen are in log/. The runs that need a job of their own
+    (MPI; webdataset without the exported rank, which is set when a worker starts) launch alone.
+    The equivalence run comes first, as it did when it ran alone; it logs no samples."""
+    root = tmp_path_factory.mktemp("user-loaders")
+    runs = {"two": ("loader", "16", "20"), "loader": ("loader", "16"), "bert": ("bert", "16"),
+            "hf_stream": ("hf_stream", "25"), "wds": ("wds", "20")}
+    shards = root / "wds" / "shards"
+    shards.mkdir(parents=True)
+    samples = write_shards(shards)
+    args: list[str] = []
+    for name, (mode, *extra) in runs.items():
+        (root / name / "log").mkdir(parents=True, exist_ok=True)
+        env = [] if name == "two" else [f"SEQ_LOG={root / name / 'log'}"]
+        if name == "wds":
+            env += [f"WDS_SHARDS={shards}", f"WDS_SAMPLES={samples}"]
+        args += [*(["--"] if args else []), *env, SCRIPT, mode, str(root / name / "r.json"), *extra]
+    proc = horovodrun(2, ["tests/ranks/in_one_job.py", *args], "gloo", timeout=900)   # several runs
+    assert proc.returncode == 0, show(proc)
+    return root
+
+
 def seen(folder: Path) -> list[dict]:
     return [json.loads(line) for file in sorted(folder.glob("seen.*.jsonl")) for line in file.read_text().splitlines()]
 
@@ -48,10 +73,14 @@ def per_epoch(records: list[dict], steps_per_epoch: int) -> list[Counter]:
 
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
-def test_their_dataloader_with_padding_and_workers_trains_every_sample_once(tmp_path, backend):
-    log = tmp_path / "log"
-    log.mkdir()
-    report = run(2, "loader", tmp_path / "r.json", "16", backend=backend, env={"SEQ_LOG": str(log)})
+def test_their_dataloader_with_padding_and_workers_trains_every_sample_once(tmp_path, backend, request):
+    if backend == "gloo":
+        log = request.getfixturevalue("gloo_job") / "loader" / "log"
+        report = json.loads((log.parent / "r.json").read_text())
+    else:
+        log = tmp_path / "log"
+        log.mkdir()
+        report = run(2, "loader", tmp_path / "r.json", "16", backend=backend, env={"SEQ_LOG": str(log)})
     records = seen(log)
     assert {r["rank"] for r in records} == {0, 1}
     steps = [sum(r["rank"] == rank for r in records) for rank in (0, 1)]
@@ -64,30 +93,28 @@ def test_their_dataloader_with_padding_and_workers_trains_every_sample_once(tmp_
     assert len(set(report["digests"])) == 1
 
 
-def test_passing_the_loader_keeps_np2_equal_to_np1_with_twice_the_batch(tmp_path):
+def test_passing_the_loader_keeps_np2_equal_to_np1_with_twice_the_batch(tmp_path, gloo_job):
     one = run(1, "loader", tmp_path / "one.json", "32", "20")
-    two = run(2, "loader", tmp_path / "two.json", "16", "20")
-    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    two = json.loads((gloo_job / "two" / "r.json").read_text())
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(gloo_job / "two" / "r.pt")
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
     assert one["rank_steps"] == [20] and two["rank_steps"] == [20, 20]
 
 
-def test_a_tiny_bert_trains_without_step_fn_and_its_hf_folder_reloads(tmp_path):
-    report = run(2, "bert", tmp_path / "r.json", "16")
+def test_a_tiny_bert_trains_without_step_fn_and_its_hf_folder_reloads(gloo_job):
+    report = json.loads((gloo_job / "bert" / "r.json").read_text())
     last = report["history"][-1]
     # A threshold: a Hugging Face model computing its own loss has no cheap reference run; that it learns is the claim.
     assert last["val_acc"] > 0.2, report["history"]          # chance is 0.1 (ten classes)
     assert report["hf_max_diff"] < 1e-5
-    run_dir = tmp_path / "runs" / "bert"
+    run_dir = gloo_job / "bert" / "runs" / "bert"
     assert (run_dir / "model.safetensors").is_file() and (run_dir / "hf" / "config.json").is_file()
 
 
-def test_a_hugging_face_stream_of_10_shards_trains_each_sample_once(tmp_path):
-    log = tmp_path / "log"
-    log.mkdir()
-    report = run(2, "hf_stream", tmp_path / "r.json", "25", env={"SEQ_LOG": str(log)})
-    records = seen(log)
+def test_a_hugging_face_stream_of_10_shards_trains_each_sample_once(gloo_job):
+    report = json.loads((gloo_job / "hf_stream" / "r.json").read_text())
+    records = seen(gloo_job / "hf_stream" / "log")
     assert report["rank_steps"] == [40, 40]                       # 500 rows a rank, batch 25, 2 epochs
     expected = {item["idx"] for item in split()[0].items[:1000]}
     for counts in per_epoch(records, 20):
@@ -107,14 +134,18 @@ def write_shards(folder: Path, shards: int = 4, per_shard: int = 100) -> int:
 
 
 @pytest.mark.parametrize("export", [True, False])
-def test_webdataset_shards_split_by_node_only_with_the_exported_rank(tmp_path, export):
-    shards, log = tmp_path / "shards", tmp_path / "log"
-    shards.mkdir()
-    log.mkdir()
-    samples = write_shards(shards)
-    env = {"SEQ_LOG": str(log), "WDS_SHARDS": str(shards), "WDS_SAMPLES": str(samples),
-           **({} if export else {"HVDTRAIN_EXPORT_RANK_ENV": "0"})}
-    report = run(2, "wds", tmp_path / "r.json", "20", env=env)
+def test_webdataset_shards_split_by_node_only_with_the_exported_rank(tmp_path, export, request):
+    if export:   # the default: a run of the shared job
+        log = request.getfixturevalue("gloo_job") / "wds" / "log"
+        report, samples = json.loads((log.parent / "r.json").read_text()), 4 * 100   # write_shards' defaults
+    else:
+        shards, log = tmp_path / "shards", tmp_path / "log"
+        shards.mkdir()
+        log.mkdir()
+        samples = write_shards(shards)
+        env = {"SEQ_LOG": str(log), "WDS_SHARDS": str(shards), "WDS_SAMPLES": str(samples),
+               "HVDTRAIN_EXPORT_RANK_ENV": "0"}
+        report = run(2, "wds", tmp_path / "r.json", "20", env=env)
     assert report["rank_steps"] == [20, 20]                       # 200 a rank, batch 20, 2 epochs
     counts = per_epoch(seen(log), 10)
     if export:      # each rank reads its 2 shards: every sample once per epoch
