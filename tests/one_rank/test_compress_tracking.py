@@ -14,9 +14,10 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 def test_int8_of_a_tracked_run_is_one_mlflow_run_with_the_reports_figures_and_the_export(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    hvdtrain.fit(hvdtrain.load_config(model="mlp", epochs=2, threads=1, run_dir=str(tmp_path), name="mlp",
+    # One epoch and one timed pass per latency: the claim is that the run holds the report's figures, whatever they are.
+    hvdtrain.fit(hvdtrain.load_config(model="mlp", epochs=1, threads=1, run_dir=str(tmp_path), name="mlp",
                                       tensorboard=False, tracking="mlflow"))
-    report = hvdtrain.compress(tmp_path / "mlp", "int8", repeats=5, verbose=False)   # tracking: as the source
+    report = hvdtrain.compress(tmp_path / "mlp", "int8", repeats=1, verbose=False)   # tracking: as the source
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
     assert set(runs) == {"mlp", "mlp-int8"}
@@ -35,6 +36,6 @@ def test_int8_of_a_tracked_run_is_one_mlflow_run_with_the_reports_figures_and_th
     assert {"model.pt2", "compressed.pt", "config.yaml", "report.json"} <= artifacts
     assert json.loads((tmp_path / "mlp-int8" / "tracking.json").read_text())["run_id"] == run.info.run_id
 
-    hvdtrain.compress(tmp_path / "mlp", "int8", out=str(tmp_path / "untracked"), repeats=5, verbose=False,
+    hvdtrain.compress(tmp_path / "mlp", "int8", out=str(tmp_path / "untracked"), repeats=1, verbose=False,
                       tracking="none")
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 2
