@@ -23,6 +23,7 @@ from support.paths import ROOT
 from support.processes import show
 from support.ray_cluster import RayCluster, fit_and_report
 from support.waiting import wait_for
+from test_spark import SHORT_EPOCHS, short_default_job  # noqa: F401 - the fixture: one reference run for both
 
 import hvdtrain
 import hvdtrain.ray
@@ -78,11 +79,13 @@ def test_ray_cli_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, me
     assert proc.stderr.strip() == f"hvdtrain: error: {message}", show(proc)
 
 
-def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray(cluster, tmp_path, default_job):
+def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray(cluster, tmp_path,
+                                                                                  short_default_job):  # noqa: F811
     """Rank 0's History comes back; both actors ran on different worker nodes; the weights equal horovodrun's
-    (the default job) with the same seed; a credential reaches the workers but no command line or Ray metadata."""
+    (the default job cut to SHORT_EPOCHS, as in test_spark.py) with the same seed; a credential reaches the workers
+    but no command line or Ray metadata."""
     secret = f"s3cr3t-{uuid.uuid4().hex}"
-    config = hvdtrain.load_config(run_dir=str(tmp_path), name="ray", threads=1)
+    config = hvdtrain.load_config(run_dir=str(tmp_path), name="ray", threads=1, epochs=SHORT_EPOCHS)
     reports = hvdtrain.ray.fit(fit_and_report, config, "HVDTRAIN_RAYTEST_TOKEN", num_workers=2,
                                address=cluster.address, all_ranks=True, env={"HVDTRAIN_RAYTEST_TOKEN": secret})
 
@@ -92,7 +95,7 @@ def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray
     assert {nodes[n] for n in placed} == cluster.alive_worker_ips(), (placed, nodes)
 
     history = reports[0]["history"]
-    assert len(history) == 10 and history.summary["workers"] == 2
+    assert len(history) == SHORT_EPOCHS and history.summary["workers"] == 2
     assert history[-1]["val_samples"] == 359  # the whole held-out split, once
     digests = history.summary["param_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
@@ -108,10 +111,10 @@ def test_two_actors_on_two_nodes_train_like_launch_and_no_credential_reaches_ray
         assert secret not in shown, listing.__name__
     assert secret not in repr(list_jobs(address=cluster.dashboard))
 
-    # The same trainer, not a Ray copy of it: horovodrun's workers (the session's default job) end with the very
-    # same weights.
-    launched = default_job.last_epoch()
-    assert json.loads((default_job.run / "summary.json").read_text())["param_digests"] == digests
+    # The same trainer, not a Ray copy of it: horovodrun's workers (the same job as test_spark.py's) end with the
+    # very same weights.
+    launched = short_default_job.last_epoch()
+    assert json.loads((short_default_job.run / "summary.json").read_text())["param_digests"] == digests
     # Exact, not an accuracy bar: the default job's target is test_trainer_multirank's to prove.
     assert launched["val_acc"] == history[-1]["val_acc"], (launched, history.table())
     assert launched["val_loss"] == pytest.approx(history[-1]["val_loss"], abs=1e-6)
@@ -131,34 +134,6 @@ def test_ray_job_submit_runs_the_cli_against_the_cluster(cluster, tmp_path):
     assert re.search(tagged, proc.stdout, re.M), show(proc)
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["workers"] == 2 and len(set(summary["param_digests"])) == 1, summary
-
-
-def test_a_worker_node_killed_mid_run_is_a_worker_error_naming_rank_and_node(cluster, tmp_path):
-    """It kills a node of the shared cluster (the `cluster` fixture starts another for the next test)."""
-    proc = subprocess.Popen([sys.executable, "-m", "hvdtrain", "ray", "--address", cluster.address, "--np", "2",
-                             "--epochs", "200", "--run-dir", str(tmp_path), "--name", "lost"],
-                            env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        metrics = tmp_path / "lost" / "metrics.jsonl"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.exists() and '"epoch"' in metrics.read_text():
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.communicate()
-        victim, victim_ip = list(cluster.alive_workers().items())[-1]   # each live worker node runs a rank
-        killed = time.monotonic()
-        cluster.kill(victim)
-        out, err = proc.communicate(timeout=LOST_NODE_BOUND_S)
-        took = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1, out + err
-    last = err.strip().splitlines()[-1]
-    print(f"{took:.1f} s after the node was killed: {last}")
-    assert re.search(rf"hvdtrain: error: rank [01] on node {re.escape(victim_ip)} \([0-9a-f]{{8}}\)", last), out + err
 
 
 class DriverAttacker(threading.Thread):
@@ -246,3 +221,33 @@ def test_elastic_a_lost_node_is_dropped_and_a_joining_node_is_taken_in_with_no_s
     assert len(coverage) == 4
     for epoch, missing, repeated in coverage:
         assert not missing and not repeated, (epoch, missing[:10], repeated[:10])
+
+
+def test_a_worker_node_killed_mid_run_is_a_worker_error_naming_rank_and_node(cluster, tmp_path):
+    """It kills a node of the shared cluster (the `cluster` fixture starts another for any test after it). Last in
+    the file: the elastic test above ends with two live worker nodes (one killed, one added), so in file order no
+    replacement node is started (a `ray start` and a GCS poll that cost seconds of CPU on a busy 2-core machine)."""
+    proc = subprocess.Popen([sys.executable, "-m", "hvdtrain", "ray", "--address", cluster.address, "--np", "2",
+                             "--epochs", "200", "--run-dir", str(tmp_path), "--name", "lost"],
+                            env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = tmp_path / "lost" / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and '"epoch"' in metrics.read_text():
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()
+        victim, victim_ip = list(cluster.alive_workers().items())[-1]   # each live worker node runs a rank
+        killed = time.monotonic()
+        cluster.kill(victim)
+        out, err = proc.communicate(timeout=LOST_NODE_BOUND_S)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out + err
+    last = err.strip().splitlines()[-1]
+    print(f"{took:.1f} s after the node was killed: {last}")
+    assert re.search(rf"hvdtrain: error: rank [01] on node {re.escape(victim_ip)} \([0-9a-f]{{8}}\)", last), out + err

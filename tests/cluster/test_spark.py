@@ -14,7 +14,8 @@ from pathlib import Path
 import pyspark  # noqa: F401 - a missing pyspark is a setup bug (EXTRAS in the Makefile), not a skip
 import pytest
 from support.paths import ROOT
-from support.processes import show
+from support.processes import horovodrun, show
+from support.runs import DefaultJob
 from support.spark_session import SPARK_ENV, local_session, needs_java
 from support.worker_fns import _raise_on_rank_1
 
@@ -28,6 +29,31 @@ def spark():
     session = local_session("hvdtrain-tests")
     yield session
     session.stop()
+
+
+# The default job (digits, its CNN, seed, LR schedule) cut to 2 epochs for the Spark and Ray equality tests: that a
+# launcher runs the very same trainer shows in equal weights after any number of epochs, and 10 epochs three times
+# over (horovodrun, Spark, Ray) were ~24 CPU-s of training each. Its accuracy is test_trainer_multirank's to prove.
+SHORT_EPOCHS = 2
+_SHORT_DEFAULT_JOB: list[DefaultJob] = []
+
+
+def short_default_job_run(tmp_path_factory: pytest.TempPathFactory) -> DefaultJob:
+    """The default job of SHORT_EPOCHS under `horovodrun -np 2 --gloo`, one thread a worker: trained once per session
+    for this module and test_ray.py (which imports it), kept here since a fixture of one module is not another's."""
+    if not _SHORT_DEFAULT_JOB:
+        run_dir = tmp_path_factory.mktemp("short-default-job")
+        proc = horovodrun(2, ["-m", "hvdtrain", "--threads", "1", "--epochs", str(SHORT_EPOCHS), "--run-dir",
+                              str(run_dir), "--name", "default"], "gloo")
+        assert proc.returncode == 0, show(proc)
+        _SHORT_DEFAULT_JOB.append(DefaultJob(run_dir / "default", proc.stdout))
+    return _SHORT_DEFAULT_JOB[0]
+
+
+@pytest.fixture
+def short_default_job(tmp_path_factory) -> DefaultJob:
+    """Tests only read its folder."""
+    return short_default_job_run(tmp_path_factory)
 
 
 @pytest.mark.parametrize("master, task_cpus, slots", [
@@ -79,11 +105,11 @@ def test_a_failing_function_on_one_spark_task_names_its_rank_within_90_s(spark):
 
 
 @needs_java
-def test_default_job_on_two_spark_tasks_matches_horovodrun(spark, tmp_path, default_job):
+def test_default_job_of_2_epochs_on_two_spark_tasks_matches_horovodrun(spark, tmp_path, short_default_job):
     """Runs after the failure above: the same session trains fine. Then the same job under horovodrun."""
-    history = hvdtrain.spark.fit(hvdtrain.load_config(run_dir=str(tmp_path), name="spark", threads=1), num_proc=2,
-                                 spark=spark)
-    assert len(history) == 10 and history.summary["workers"] == 2
+    history = hvdtrain.spark.fit(hvdtrain.load_config(run_dir=str(tmp_path), name="spark", threads=1,
+                                                      epochs=SHORT_EPOCHS), num_proc=2, spark=spark)
+    assert len(history) == SHORT_EPOCHS and history.summary["workers"] == 2
     assert history[-1]["val_samples"] == 359  # the whole held-out split, once
     digests = history.summary["param_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
@@ -93,10 +119,10 @@ def test_default_job_on_two_spark_tasks_matches_horovodrun(spark, tmp_path, defa
         p.name for p in run.iterdir()}
     assert json.loads((run / "summary.json").read_text())["param_digests"] == digests
 
-    # The same trainer, not a Spark copy of it: horovodrun's workers (the session's default job) end with the very
-    # same weights.
-    launched = default_job.last_epoch()
-    assert json.loads((default_job.run / "summary.json").read_text())["param_digests"] == digests
+    # The same trainer, not a Spark copy of it: horovodrun's workers (the same job, shared with test_ray.py) end with
+    # the very same weights.
+    launched = short_default_job.last_epoch()
+    assert json.loads((short_default_job.run / "summary.json").read_text())["param_digests"] == digests
     # Exact, not an accuracy bar: the default job's target is test_trainer_multirank's to prove.
     assert launched["val_acc"] == history[-1]["val_acc"], (launched, history.table())
     assert launched["val_loss"] == pytest.approx(history[-1]["val_loss"], abs=1e-6)
