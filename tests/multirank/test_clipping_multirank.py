@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from support.paths import ROOT
 from support.processes import BACKENDS, horovodrun, show
@@ -32,15 +33,23 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-@BACKENDS
-def test_two_workers_clip_as_one_worker_with_twice_the_batch(tmp_path, backend, equiv_reference):
+@pytest.fixture(scope="module")
+def clipped_one_worker(tmp_path_factory) -> Path:
+    """The clipped reference, one process with the global batch (32): the same for both backends, trained once.
+    Tests only read its folder."""
+    run_dir = tmp_path_factory.mktemp("clip-one")
     one = subprocess.run([sys.executable, "-m", "hvdtrain", *EQUIV, *CLIP, "--batch-size", "32",
-                          "--run-dir", str(tmp_path), "--name", "one"], cwd=ROOT, capture_output=True, text=True,
+                          "--run-dir", str(run_dir), "--name", "one"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert one.returncode == 0, show(one)
-    reference, unclipped = weights(tmp_path / "one"), weights(equiv_reference)
+    return run_dir / "one"
+
+
+@BACKENDS
+def test_two_workers_clip_as_one_worker_with_twice_the_batch(tmp_path, backend, equiv_reference, clipped_one_worker):
+    reference, unclipped = weights(clipped_one_worker), weights(equiv_reference)
     assert max_diff(reference, unclipped) > 1e-3        # the clipping changed the weights
-    norms = grad_norms(tmp_path / "one")
+    norms = grad_norms(clipped_one_worker)
     assert len(norms) == 3 and min(norms) > 0.2, norms   # logged per interval (12 steps, every 4), before clipping
     settings = SETTINGS if backend == "gloo" else {k: SETTINGS[k] for k in ("buckets", "accumulate")}  # MPI: per tensor
     for name, (batch, extra) in settings.items():
