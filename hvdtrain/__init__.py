@@ -1,7 +1,8 @@
 """hvdtrain: a maintained Horovod trainer for PyTorch 2.x.
 
 The public API, for scripts and notebooks:
-    Trainer, fit, launch, tune, compress, load_config, TrainConfig, History; errors in hvdtrain.errors;
+    Trainer, fit, launch, tune, compress, load_config, TrainConfig, History, Callback (docs/how-to/extend.md);
+    errors in hvdtrain.errors;
     prepare, save, load for a training loop of your own (docs/migrating.md);
     Spark in hvdtrain.spark (fit); Ray in hvdtrain.ray (fit).
 
@@ -36,13 +37,14 @@ run_start.use_secrets_reader(_take_secrets)
 
 __version__ = "0.1.0"
 __all__ = ["Trainer", "fit", "launch", "tune", "compress", "load_config", "TrainConfig", "History", "prepare", "save",
-           "load"]
+           "load", "Callback"]
 
 if TYPE_CHECKING:  # what IDEs and mypy see; at run time the names load on first use (below)
     from hvdtrain.compression.compress_api import compress
     from hvdtrain.config.train_config import TrainConfig, load_config
     from hvdtrain.launcher.local import launch
     from hvdtrain.output.history import History
+    from hvdtrain.train.callbacks import Callback
     from hvdtrain.train.config_fit import fit
     from hvdtrain.train.own_loop import load, prepare, save
     from hvdtrain.train.trainer import Trainer
@@ -52,7 +54,8 @@ _HOME = {"Trainer": "hvdtrain.train.trainer", "fit": "hvdtrain.train.config_fit"
          "launch": "hvdtrain.launcher.local", "load_config": "hvdtrain.config.train_config",
          "TrainConfig": "hvdtrain.config.train_config", "History": "hvdtrain.output.history",
          "tune": "hvdtrain.tuning.tune_api", "compress": "hvdtrain.compression.compress_api",
-         "prepare": "hvdtrain.train.own_loop", "save": "hvdtrain.train.own_loop", "load": "hvdtrain.train.own_loop"}
+         "prepare": "hvdtrain.train.own_loop", "save": "hvdtrain.train.own_loop", "load": "hvdtrain.train.own_loop",
+         "Callback": "hvdtrain.train.callbacks"}
 
 
 def __getattr__(name: str) -> Any:

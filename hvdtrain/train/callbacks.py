@@ -33,17 +33,24 @@ STATE = ("state_dict", "load_state_dict")
 
 
 class Callback:
-    """A base with every event doing nothing: subclass it and define the ones you need."""
+    """A base with every event doing nothing: subclass it and define the ones you need. Every event runs on every
+    rank; write files on rank 0 only (`trainer.world.is_root`). Add `state_dict()`/`load_state_dict(state)` for
+    state that travels in checkpoints."""
 
-    def on_fit_start(self, trainer: Any) -> None: ...
+    def on_fit_start(self, trainer: Any) -> None:
+        """fit() begins (a resume has been read)."""
 
-    def on_before_optimizer_step(self, trainer: Any, optimizer: Any) -> None: ...
+    def on_before_optimizer_step(self, trainer: Any, optimizer: Any) -> None:
+        """The step's gradients are averaged across the workers (and unscaled for fp16), not yet clipped."""
 
-    def on_step_end(self, trainer: Any, step: int, metrics: dict[str, float]) -> None: ...
+    def on_step_end(self, trainer: Any, step: int, metrics: dict[str, float]) -> None:
+        """After each optimizer step: this worker's `loss`, the `lr` applied, `grad_norm` when clipping."""
 
-    def on_epoch_end(self, trainer: Any, epoch: int, record: dict[str, Any]) -> bool | None: ...
+    def on_epoch_end(self, trainer: Any, epoch: int, record: dict[str, Any]) -> bool | None:
+        """After each finished epoch, with its record; True stops training after it, on every rank."""
 
-    def on_fit_end(self, trainer: Any, history: Any) -> None: ...
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        """fit() is done; `history.summary` is filled in."""
 
 
 def _defines(callback: Any, event: str) -> bool:
