@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from support.paths import PLUGINS, ROOT
 from support.processes import horovodrun, show
@@ -39,16 +40,24 @@ def assert_close_weights(a: dict, b: dict, atol: float) -> None:
         torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=key)
 
 
-def test_accumulating_4_batches_of_b_equals_batches_of_4b(tmp_path):
+@pytest.fixture(scope="module")
+def batch_32(tmp_path_factory) -> Path:
+    """SMALL at batch 32 on 2 workers: the big-batch side of the accumulation test and the first of the two
+    same-seed runs (one launch for both). Tests only read its folder."""
+    run_dir = tmp_path_factory.mktemp("b32")
+    proc = horovodrun(2, [*SMALL, "--batch-size", "32", "--run-dir", str(run_dir), "--name", "b32"], "gloo")
+    assert proc.returncode == 0, show(proc)
+    return run_dir / "b32"
+
+
+def test_accumulating_4_batches_of_b_equals_batches_of_4b(tmp_path, batch_32):
     """--accumulate 4 --batch-size 8 == --batch-size 32 on 2 workers, including the short last step."""
     # --bucket-mb 0: per-tensor allreduces, which the timeline names after their parameters
     accumulated = horovodrun(2, [*SMALL, "--batch-size", "8", "--accumulate", "4", "--run-dir", str(tmp_path),
                                  "--name", "k4", "--bucket-mb", "0", "--timeline-file", str(tmp_path / "k4.json")],
                              "gloo")
     assert accumulated.returncode == 0, show(accumulated)
-    plain = horovodrun(2, [*SMALL, "--batch-size", "32", "--run-dir", str(tmp_path), "--name", "b32"], "gloo")
-    assert plain.returncode == 0, show(plain)
-    k4, b32 = weights(tmp_path / "k4"), weights(tmp_path / "b32")
+    k4, b32 = weights(tmp_path / "k4"), weights(batch_32)
     assert_close_weights(k4, b32, atol=1e-5)
     # Equal because both trained the same way, not because neither moved from the seeded start.
     config = load_config(None, SMALL[2:])
@@ -56,24 +65,23 @@ def test_accumulating_4_batches_of_b_equals_batches_of_4b(tmp_path):
     initial = build_model(config, (1, 8, 8), 10).state_dict()
     assert max((k4[k] - initial[k]).abs().max().item() for k in k4) > 1e-2
     # A step is an optimizer step: 12 of them, counted and scheduled alike, one allreduce each.
-    assert summary(tmp_path / "k4")["rank_steps"] == summary(tmp_path / "b32")["rank_steps"] == [12, 12]
+    assert summary(tmp_path / "k4")["rank_steps"] == summary(batch_32)["rank_steps"] == [12, 12]
     grads = {name: calls for name, calls in timeline_ops(tmp_path / "k4.json", "allreduce").items()
              if name in initial}
     assert grads.keys() == initial.keys() and all(len(calls) == 12 for calls in grads.values()), grads.keys()
 
 
-def test_same_seed_gives_bit_identical_weights_on_two_workers(tmp_path):
-    for name in ("first", "second"):
-        proc = horovodrun(2, [*SMALL, "--batch-size", "16", "--seed", "3", "--run-dir", str(tmp_path),
-                              "--name", name], "gloo")
-        assert proc.returncode == 0, show(proc)
-    first, second = weights(tmp_path / "first"), weights(tmp_path / "second")
+def test_same_seed_gives_bit_identical_weights_on_two_workers(tmp_path, batch_32):
+    # The second run of the same job and seed (42, the default); the first is the shared batch-32 run.
+    proc = horovodrun(2, [*SMALL, "--batch-size", "32", "--run-dir", str(tmp_path), "--name", "second"], "gloo")
+    assert proc.returncode == 0, show(proc)
+    first, second = weights(batch_32), weights(tmp_path / "second")
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
-def test_bf16_trains_the_default_job_to_the_accuracy_target(tmp_path):
-    proc = horovodrun(2, ["-m", "hvdtrain", "--precision", "bf16", "--run-dir", str(tmp_path), "--name", "bf16"],
-                      "gloo", timeout=600)
+def bf16_trains_to_the_accuracy_target(tmp_path: Path, *model: str) -> None:
+    proc = horovodrun(2, ["-m", "hvdtrain", "--precision", "bf16", *model, "--run-dir", str(tmp_path),
+                          "--name", "bf16"], "gloo", timeout=600)
     assert proc.returncode == 0, show(proc)
     result = summary(tmp_path / "bf16")
     # A threshold: bf16 changes the numbers, so nothing is exactly equal; the default job's target is the claim.
@@ -81,20 +89,34 @@ def test_bf16_trains_the_default_job_to_the_accuracy_target(tmp_path):
     assert len(set(result["param_digests"])) == 1
 
 
+def test_bf16_trains_the_default_job_with_the_mlp_to_the_accuracy_target(tmp_path):
+    """The short form: the default job (digits, 10 epochs) with the MLP, ~0.97 under bf16 autocast."""
+    bf16_trains_to_the_accuracy_target(tmp_path, "--model", "mlp", "--threads", "1")
+
+
+@pytest.mark.long
+def test_bf16_trains_the_default_job_to_the_accuracy_target(tmp_path):
+    """The long form, the default CNN: this CPU has no bf16 instructions, so its convolutions under bf16 autocast
+    cost several times the MLP's whole run; the short form above keeps the claim in the default run."""
+    bf16_trains_to_the_accuracy_target(tmp_path)
+
+
 def test_fp16_compression_sends_half_the_bytes_and_still_trains(tmp_path):
-    # --bucket-mb 0: per-tensor allreduces, which the timeline names after their parameters
-    reference = horovodrun(2, ["-m", "hvdtrain", "--max-steps", "2", "--run-dir", str(tmp_path), "--name", "none",
-                               "--bucket-mb", "0", "--timeline-file", str(tmp_path / "none.json")], "gloo")
+    # The default job with the MLP, not the CNN: "still trains" and the bytes on the wire do not depend on the
+    # model, and the CNN's 10 epochs cost several times the MLP's CPU. --bucket-mb 0: per-tensor allreduces, which
+    # the timeline names after their parameters.
+    job = ["-m", "hvdtrain", "--model", "mlp", "--threads", "1", "--run-dir", str(tmp_path), "--bucket-mb", "0"]
+    reference = horovodrun(2, [*job, "--max-steps", "2", "--name", "none", "--timeline-file",
+                               str(tmp_path / "none.json")], "gloo")
     assert reference.returncode == 0, show(reference)
-    compressed = horovodrun(2, ["-m", "hvdtrain", "--compression", "fp16", "--run-dir", str(tmp_path),
-                                "--name", "fp16", "--bucket-mb", "0", "--timeline-file", str(tmp_path / "fp16.json")],
-                            "gloo", timeout=600)
+    compressed = horovodrun(2, [*job, "--compression", "fp16", "--name", "fp16", "--timeline-file",
+                                str(tmp_path / "fp16.json")], "gloo", timeout=600)
     assert compressed.returncode == 0, show(compressed)
     result = summary(tmp_path / "fp16")
-    # A threshold: fp16 on the wire changes the numbers, so nothing is exactly equal; "still trains" is the claim.
+    # A threshold: fp16 on the wire changes the numbers, so nothing is exactly equal; "still trains" is the claim
+    # (the MLP's 10 epochs reach ~0.97 with it).
     assert result["val_acc"] >= 0.95 and len(set(result["param_digests"])) == 1, result
 
-    # the default CNN: 605 224 -> 302 612 B a step
     assert_half_the_bytes(tmp_path / "none.json", tmp_path / "fp16.json", set(weights(tmp_path / "none")), "float16")
 
 
