@@ -3,7 +3,6 @@ hvdtrain's own decay (--lr-decay) or on the user's torch scheduler (`Trainer(lr_
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,6 +81,7 @@ class LearningRate:
             # torch checks the order of the two step() calls on the optimizer the scheduler was built on, which
             # Horovod's wrapper replaced: this loop steps the optimizer first, unseen by that check.
             warnings.filterwarnings("ignore", message=".*`optimizer.step\\(\\)`", category=UserWarning)
+            assert self.scheduler is not None
             self.scheduler.step(*metric)
 
     def state_dict(self) -> dict[str, Any] | None:
@@ -95,7 +95,7 @@ class LearningRate:
 
 def _scheduler(given: SchedulerArg, optimizer: Any, original: Any) -> Any:
     """The user's scheduler, checked to drive this optimizer's param groups (a factory is called with it)."""
-    if isinstance(given, Callable) and not hasattr(given, "step"):
+    if callable(given) and not hasattr(given, "step"):
         given = given(optimizer)
     if not (hasattr(given, "step") and hasattr(given, "state_dict") and hasattr(given, "optimizer")):
         raise UserError(f"lr_scheduler={given!r}: give a torch.optim.lr_scheduler scheduler, or a function that "

@@ -96,7 +96,9 @@ class Trainer:
         # Keywords over the config; a string for optimizer, metrics or collate_fn names the config's (adam, "acc").
         named = {k: v for k, v in dict(optimizer=optimizer, metrics=metrics, collate_fn=collate_fn).items()
                  if isinstance(v, str)}
-        optimizer, metrics, collate_fn = (None if isinstance(v, str) else v for v in (optimizer, metrics, collate_fn))
+        optimizer = None if isinstance(optimizer, str) else optimizer
+        metrics = None if isinstance(metrics, str) else metrics
+        collate_fn = None if isinstance(collate_fn, str) else collate_fn
         self.setup = prepare_run(with_values(config or TrainConfig(), {**settings, **named}, also=OWN_KEYWORDS,
                                              what="Trainer keyword"), handle_signals=handle_signals)  # as the CLI's
         config = self.setup.config
