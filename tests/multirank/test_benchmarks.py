@@ -85,8 +85,9 @@ def test_a_failed_launch_is_retried_once_and_both_failures_are_reported(capsys):
 def test_one_model_run_end_to_end(tmp_path):
     """The default run's short form of the smoke run below (--smoke --models mlp): every variant and launcher of
     the tiny MLP at np 1 and 2, the bandwidth sweep, the ratios and the three output files; the real-size models'
-    code paths are the long form's (and test_overhead's transformer)."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--models", "mlp",
+    code paths are the long form's (and test_overhead's transformer). One round (--rounds 1): each variant once, 4
+    launches fewer; the A B .. B A alternation of a second round is the long form's check."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--models", "mlp", "--rounds", "1",
                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, show(proc)
     result = json.loads((tmp_path / "results.json").read_text())
