@@ -104,8 +104,8 @@ def one_worker():
 @pytest.fixture(scope="session")
 def default_job() -> Iterator[DefaultJob]:
     """The default job (digits, CNN, 10 epochs) under `horovodrun -np 2 --gloo`, one thread per worker: trained
-    once per session (~30 s of CPU) for its own accuracy test and as the reference Spark and Ray must equal.
-    Tests only read its folder."""
+    once per session (~30 s of CPU) for its accuracy test (Spark and Ray compare with a 2-epoch reference of their
+    own: tests/cluster/test_spark.py). Tests only read its folder."""
     with tempfile.TemporaryDirectory(prefix="hvdtrain-default-job-") as run_dir:
         proc = horovodrun(2, ["-m", "hvdtrain", "--threads", "1", "--run-dir", run_dir, "--name", "default"], "gloo")
         assert proc.returncode == 0, show(proc)

@@ -34,7 +34,7 @@ def test_two_workers_equal_one_worker_with_twice_the_batch(tmp_path, backend, eq
 
 
 def test_default_job_on_two_workers_reaches_95_percent(default_job):
-    run = default_job.run   # horovodrun -np 2 --gloo of the default job, shared with the Spark and Ray tests
+    run = default_job.run   # horovodrun -np 2 --gloo of the default job (conftest's session fixture)
     epochs = [r for r in records(run) if r["kind"] == "epoch"]
     assert len(epochs) == 10
     # A threshold: the default job reaching 95 % is the user-visible claim; the exact test is the one above.
