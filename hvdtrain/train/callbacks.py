@@ -93,10 +93,11 @@ class Callbacks:
     def before_optimizer_step(self, trainer: Any, optimizer: Any) -> None:
         self._call("on_before_optimizer_step", trainer, optimizer)
 
-    def step_end(self, trainer: Any, step: int, loss: Any, lr: float, grad_norm: Any = None) -> None:
-        """`loss`: this step's loss, a tensor read back from the device only when a callback listens."""
+    def step_end(self, trainer: Any, step: int, loss: Callable[[], Any], lr: float, grad_norm: Any = None) -> None:
+        """`loss`: gives this step's loss; called (and read back from the device) only when a callback listens, so
+        the loop pays nothing for it otherwise."""
         if self.wants("on_step_end"):
-            metrics = {"loss": float(loss), "lr": lr, **({"grad_norm": float(grad_norm)} if grad_norm is not None
+            metrics = {"loss": float(loss()), "lr": lr, **({"grad_norm": float(grad_norm)} if grad_norm is not None
                                                             else {})}
             self._call("on_step_end", trainer, step, metrics)
 

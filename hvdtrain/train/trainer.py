@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -273,7 +274,7 @@ class Trainer:
             self.lr.end_step()
             p.step, p.fit_step, steps = p.step + 1, p.fit_step + 1, steps + 1
             console.advance()
-            self.callbacks.step_end(self, p.step, step_loss(step_parts), self.lr.applied,
+            self.callbacks.step_end(self, p.step, partial(step_loss, step_parts), self.lr.applied,
                                     self.optimizer_step.last_norm)
             if p.step % config.log_interval == 0 or p.step % config.commit_steps == 0 or (
                     self.checkpointer.due_at_step(p.step)):

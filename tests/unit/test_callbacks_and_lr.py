@@ -57,8 +57,8 @@ def test_only_events_a_callback_defines_count_and_state_travels_by_position_and_
     first, plain, second = Counting(), type("Starts", (Callback,), {"on_fit_start": lambda self, t: None})(), Counting()
     callbacks = Callbacks([first, plain, second])
     assert callbacks.wants("on_step_end") and not callbacks.wants("on_epoch_end")   # the base's no-ops don't count
-    callbacks.step_end(None, 1, torch.tensor(2.5), 0.1)
-    callbacks.step_end(None, 2, torch.tensor(2.0), 0.1)
+    callbacks.step_end(None, 1, lambda: torch.tensor(2.5), 0.1)
+    callbacks.step_end(None, 2, lambda: torch.tensor(2.0), 0.1)
     second.n = 7
     state = callbacks.state_dict()
     assert state == {"0:Counting": {"n": 2}, "2:Counting": {"n": 7}}
@@ -72,14 +72,13 @@ def test_only_events_a_callback_defines_count_and_state_travels_by_position_and_
 
 
 def test_step_end_reads_the_loss_only_when_a_callback_listens():
-    class Loss:
-        def __float__(self) -> float:
-            raise AssertionError("read back with no callback listening")
+    def loss() -> torch.Tensor:
+        raise AssertionError("computed with no callback listening")
 
-    Callbacks([type("OnlyEpochs", (Callback,), {"on_epoch_end": lambda *a: None})()]).step_end(None, 1, Loss(), 0.1)
+    Callbacks([type("OnlyEpochs", (Callback,), {"on_epoch_end": lambda *a: None})()]).step_end(None, 1, loss, 0.1)
     seen = []
     Callbacks([type("Steps", (Callback,), {"on_step_end": lambda self, t, s, m: seen.append((s, m))})()]).step_end(
-        None, 3, torch.tensor(1.5), 0.2, grad_norm=torch.tensor(4.0))
+        None, 3, lambda: torch.tensor(1.5), 0.2, grad_norm=torch.tensor(4.0))
     assert seen == [(3, {"loss": 1.5, "lr": 0.2, "grad_norm": 4.0})]
 
 
