@@ -10,7 +10,6 @@ migrations, a uvicorn worker), so the tests that only log to a server share one 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -21,20 +20,15 @@ from pathlib import Path
 import pytest
 
 from .paths import BIN
+from .ports import free_port
 from .processes import kill_tree
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
 def started_mlflow_server(folder: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     """(http://127.0.0.1:PORT, its process) of a fresh server keeping its store and log in `folder`; it and its
     workers are killed by PID at the end."""
-    port = _free_port()
+    port = free_port()
     log = (folder / "server.log").open("w")
     proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
                              "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",

@@ -3,7 +3,6 @@ virtualenv `make setup` gives it inside the project's ($VENV/moto-server, script
 never meet the project's. The store under test talks to it through pyarrow's own S3FileSystem, as it would to S3."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -14,15 +13,11 @@ from pathlib import Path
 import pytest
 
 from .paths import BIN
+from .ports import free_port
 from .waiting import wait_for
 
 SERVER = BIN.parent / "moto-server" / "bin" / "moto_server"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _answers(url: str) -> bool:
@@ -43,7 +38,7 @@ def running_s3_server(log: Path, server: Path = SERVER) -> Iterator[str]:
     if not server.exists():
         pytest.fail(f"no S3 server at {server}: run make setup (it installs moto's server in a virtualenv of its own)",
                     pytrace=False)
-    port = _free_port()
+    port = free_port()
     with log.open("w") as out:
         proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from .netns_cluster import SSH_PORT, NamespaceCluster, running_cluster
+from .ports import free_port
 from .waiting import wait_for
 
 MUNGED = "/usr/sbin/munged"
@@ -55,11 +55,6 @@ class SlurmNode:
     netns: str | None = None        # `ip netns` name; None: the root namespace
     etc: Path | None = None         # the namespace's /etc/netns folder (hosts, ssh/ssh_config) to mount
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def slurm_conf(folder: Path, nodes: list[SlurmNode], cpus: int, controller: str, ports: tuple[int, int],
